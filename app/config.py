@@ -1,0 +1,66 @@
+"""Service settings: one pydantic-settings class, environment prefix EGRM_."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MAX_M = 16
+
+
+def default_cache_dir() -> Path:
+    """A per-user cache (XDG), never the git checkout: models are hundreds of MB."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "egrm"
+
+
+def temperature_ladder(m: int, low: float = 0.6, high: float = 1.0) -> list[float]:
+    """The method's ladder: m temperatures evenly spaced from low to high (0.6..1.0 for m=5)."""
+    if m == 1:
+        return [low]
+    return [round(low + (high - low) * i / (m - 1), 4) for i in range(m)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EGRM_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Bind address; loopback unless exposed on purpose.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    engine: Literal["embedded"] = Field("embedded", description="Engine backend.")
+    model: str = Field(
+        "",
+        description="Local Hugging Face model folder or .gguf file; empty = the default "
+        "SmolLM2-135M-Instruct fetched by `egrm fetch-model`.",
+    )
+    model_name: str = Field("", description="Model id reported by the API; default: folder name.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir, description="Where fetched and converted models live."
+    )
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Embedded engine weights and compute dtype."
+    )
+    threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
+    m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
+    tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")
+    template: Literal["verdict", "score", "pairwise"] = Field(
+        "verdict", description="Default judge template."
+    )
+    long_max_tokens: int = Field(
+        96, ge=1, le=2048, description="Reasoning tokens per candidate on the long path."
+    )
+    max_items: int = Field(256, ge=1, description="Most items in one request.")
+
+    @model_validator(mode="after")
+    def _check_model_path(self) -> Settings:
+        if self.model and not Path(self.model).expanduser().exists():
+            raise ValueError(f"EGRM_MODEL={self.model!r} does not exist")
+        return self
+
+    @property
+    def default_temperatures(self) -> list[float]:
+        return temperature_ladder(self.m)

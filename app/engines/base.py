@@ -1,0 +1,93 @@
+"""The Engine contract: sample M branches from one shared prefix, and continue them later."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS, a stop string, or a complete constrained answer
+    LENGTH = "length"  # max_new_tokens reached
+
+
+@dataclass(slots=True)
+class BranchParams:
+    """Sampling parameters of one branch; heterogeneous values within one call are the point."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    # Constrained choice: the branch may only produce one of these strings, then it stops.
+    allowed: tuple[str, ...] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.allowed is not None and not [a for a in self.allowed if a.strip()]:
+            raise ValueError("allowed must hold at least one non-empty answer")
+        self.stop = tuple(self.stop)
+        if self.allowed is not None:
+            self.allowed = tuple(self.allowed)
+
+
+@dataclass(slots=True)
+class Branch:
+    """One sampled branch: its text, tokens, accounting, and a handle to continue it."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int  # context the branch was conditioned on
+    cached_prompt_tokens: int  # of those, how many were served from cache (not recomputed)
+    logprobs: list[float] = field(default_factory=list)  # model log-prob of each new token (T=1)
+    handle: Any = None  # engine-specific; pass to Engine.continue_branches
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def mean_logprob(self) -> float:
+        return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A backend that forks M branches from one cached prefix and decodes them together."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The prompt text for a conversation, ending where the assistant's answer begins."""
+        ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
+        """Prefill `prefix` once, then decode one branch per BranchParams in one batch."""
+        ...
+
+    async def continue_branches(
+        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+    ) -> list[Branch]:
+        """Append `text` to each branch (from its own cache) and decode further."""
+        ...
+
+    async def ready(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ContextLengthError(ValueError):
+    """The prompt plus the tokens asked for do not fit the model's context."""

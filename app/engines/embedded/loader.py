@@ -1,0 +1,55 @@
+"""Load a causal LM for the embedded engine: a Hugging Face folder or a single .gguf file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    eos_ids: frozenset[int]
+    context_length: int
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return frozenset(ids)
+
+
+def load_model(path: str | Path, dtype: str = "bfloat16", threads: int = 0) -> LoadedModel:
+    path = Path(path).expanduser()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    torch_dtype = getattr(torch, dtype)
+    kwargs: dict = {"dtype": torch_dtype}
+    folder = path
+    if path.suffix == ".gguf":
+        folder, kwargs["gguf_file"] = path.parent, path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    if path.suffix == ".gguf":
+        model.hf_quantizer = None  # dequantised on load; serve it as a plain model
+    # from_pretrained leaves weights memory-mapped from the safetensors file; the kernel may
+    # evict cold pages and a later forward pays a disk read (seconds). Own the memory instead.
+    with torch.no_grad():
+        for param in model.parameters():
+            param.data = param.data.clone()
+    model.eval()
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    return LoadedModel(model, tokenizer, path.stem if path.suffix else path.name, _eos_ids(model, tokenizer), context)
