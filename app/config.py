@@ -37,22 +37,14 @@ class Settings(BaseSettings):
         "SmolLM2-135M-Instruct fetched by `egrm fetch-model`.",
     )
     model_name: str = Field("", description="Model id reported by the API; default: folder name.")
-    cache_dir: Path = Field(
-        default_factory=default_cache_dir, description="Where fetched and converted models live."
-    )
-    dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Embedded engine weights and compute dtype."
-    )
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
+    dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Embedded engine weights and compute dtype.")
     threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
     m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
     tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")
-    template: Literal["verdict", "score", "pairwise"] = Field(
-        "verdict", description="Default judge template."
-    )
-    long_max_tokens: int = Field(
-        96, ge=1, le=2048, description="Reasoning tokens per candidate on the long path."
-    )
+    template: Literal["verdict", "score", "pairwise"] = Field("verdict", description="Default judge template.")
+    long_max_tokens: int = Field(96, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
     max_items: int = Field(256, ge=1, description="Most items in one request.")
 
     @model_validator(mode="after")

@@ -29,6 +29,10 @@ class RowRun:
     finish: FinishReason | None = None
 
 
+def decode_text(tokenizer: PreTrainedTokenizerBase, tokens: Sequence[int]) -> str:
+    return str(tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+
 def _start(tokenizer: PreTrainedTokenizerBase, row: int, params: BranchParams) -> RowRun:
     rng = random.Random(params.seed) if params.seed is not None else random.Random()
     node = build_trie(tokenizer, params.allowed) if params.allowed is not None else None
@@ -49,7 +53,9 @@ def _constrain(logits: torch.Tensor, runs: Sequence[RowRun], eos_id: int) -> tor
     return logits
 
 
-def _finish_reason(run: RowRun, token: int, eos_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase) -> FinishReason | None:
+def _finish_reason(
+    run: RowRun, token: int, eos_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase
+) -> FinishReason | None:
     """Record the token on the run; say whether (and why) the branch is now done."""
     if token in eos_ids:
         return FinishReason.STOP  # EOS is not part of the branch's text or tokens
@@ -59,7 +65,7 @@ def _finish_reason(run: RowRun, token: int, eos_ids: frozenset[int], tokenizer: 
         if run.node.is_leaf:
             return FinishReason.STOP
     if run.params.stop:
-        text = tokenizer.decode(run.tokens, skip_special_tokens=True)
+        text = decode_text(tokenizer, run.tokens)
         hits = [text.find(s) for s in run.params.stop if s in text]
         if hits:
             run.text = text[: min(hits)]
@@ -109,5 +115,5 @@ def decode(
             logits = fork.extend(feed)
     for r in runs:
         if r.text is None:
-            r.text = tokenizer.decode(r.tokens, skip_special_tokens=True)
+            r.text = decode_text(tokenizer, r.tokens)
     return runs

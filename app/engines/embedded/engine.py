@@ -36,7 +36,7 @@ class EmbeddedEngine:
         return self._m.tokenizer
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return self._m.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return str(self._m.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))
 
     def encode(self, text: str) -> list[int]:
         return self._m.tokenizer.encode(text, add_special_tokens=False)

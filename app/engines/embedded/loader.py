@@ -44,7 +44,7 @@ def load_model(path: str | Path, dtype: str = "bfloat16", threads: int = 0) -> L
     tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if path.suffix == ".gguf":
-        model.hf_quantizer = None  # dequantised on load; serve it as a plain model
+        model.hf_quantizer = None  # type: ignore[assignment]  # dequantised on load; serve it as a plain model
     # from_pretrained leaves weights memory-mapped from the safetensors file; the kernel may
     # evict cold pages and a later forward pays a disk read (seconds). Own the memory instead.
     with torch.no_grad():

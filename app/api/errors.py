@@ -1,0 +1,73 @@
+"""One error shape for every 4xx/5xx: {"error": {"type", "message", "param"}}."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.protocol import ErrorDetail, ErrorResponse
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type
+
+
+def error_response(
+    status: int, type: str, message: str, param: str | None = None, headers: dict | None = None
+) -> JSONResponse:
+    body = ErrorResponse(error=ErrorDetail(type=type, message=message, param=param))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def param_path(loc: Sequence[Any]) -> str:
+    """('body', 'items', 0, 'prompt') -> 'items[0].prompt'."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def _msg(text: str) -> str:
+    return text.removeprefix("Value error, ")
+
+
+def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = param_path(first["loc"])
+    message = "; ".join(f"{param_path(e['loc'])}: {_msg(e['msg'])}" for e in errors[:5]) or "invalid request"
+    return error_response(422, "invalid_request_error", message, param)
+
+
+def _api_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.type, exc.message, exc.param)
+
+
+def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return error_response(exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+def _unhandled(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unhandled)

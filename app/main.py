@@ -1,0 +1,57 @@
+"""The app factory: create_app(settings) -> FastAPI, with the engine built in the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from app.api import health, rewards
+from app.api.errors import install_error_handlers
+from app.config import Settings
+from app.engines.base import Engine
+from app.metrics import Metrics
+from app.pipeline.service import RewardPipeline
+from app.scorer.base import Scorer
+from app.scorer.heuristic import HeuristicScorer
+
+log = logging.getLogger(__name__)
+
+
+def build_engine(settings: Settings) -> Engine:
+    from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
+    from app.engines.embedded.fetch import model_dir
+
+    path = Path(settings.model).expanduser() if settings.model else model_dir(settings.cache_dir)
+    if not path.exists():
+        raise RuntimeError(f"no model at {path}: run `egrm fetch-model` (or set EGRM_MODEL)")
+    log.info("loading %s (%s)", path, settings.dtype)
+    return EmbeddedEngine.load(str(path), dtype=settings.dtype, threads=settings.threads)
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:
+    """Build the service; pass an engine to share one loaded model between apps (tests)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = engine is None
+        the_engine: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
+        app.state.settings = settings
+        app.state.metrics = Metrics()
+        app.state.pipeline = RewardPipeline(the_engine, scorer or HeuristicScorer())
+        try:
+            yield
+        finally:
+            if owned:
+                await the_engine.close()
+
+    app = FastAPI(title="egrm", version="0.1.0", summary="Routed generative reward scoring (E-GRM)", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(rewards.router)
+    app.include_router(health.router)
+    return app

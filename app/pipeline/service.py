@@ -1,0 +1,83 @@
+"""The reward pipeline, read aloud: render -> sample -> vote -> route -> (reason, score) -> reward."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from app.engines.base import BranchParams, Engine
+from app.pipeline.consensus import choose_route, tally
+from app.pipeline.longpath import run_long_path, usage_of
+from app.pipeline.templates import get_template
+from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, Route, Sample, Timings
+from app.scorer.base import Scorer
+
+
+class RewardPipeline:
+    def __init__(self, engine: Engine, scorer: Scorer):
+        self.engine = engine
+        self.scorer = scorer
+
+    async def score(self, items: Sequence[JudgeItem], options: JudgeOptions) -> list[ItemResult]:
+        """One result per item, in order; an item whose input the engine rejects gets an error."""
+        return list(await asyncio.gather(*(self._score_or_error(item, options) for item in items)))
+
+    async def _score_or_error(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
+        try:
+            return await self.score_item(item, options)
+        except ValueError as exc:  # e.g. the prompt does not fit the model's context
+            return ItemResult(reward=None, answer=None, route=None, consensus=0.0, votes={}, error=str(exc))
+
+    async def score_item(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
+        start = time.perf_counter()
+        template = get_template(options.template)
+        prefix = self.engine.render_chat(template.messages(item))
+        samples = await self.engine.sample(
+            prefix, self._answer_params(options, template.answers, template.answer_tokens)
+        )
+        sampled = time.perf_counter()
+        answers = [template.extract(s.text) for s in samples]
+        votes = tally(answers)
+        route = choose_route(votes.consensus, options.tau, options.path)
+        result = ItemResult(
+            reward=None,
+            answer=votes.majority,
+            route=route,
+            consensus=votes.consensus,
+            votes=votes.votes,
+            usage=usage_of(samples),
+            timings=Timings(sample_ms=(sampled - start) * 1000),
+        )
+        if options.return_samples:
+            result.samples = [
+                Sample(s.text, a, t) for s, a, t in zip(samples, answers, options.temperatures, strict=True)
+            ]
+        if route is Route.LONG:
+            long = await run_long_path(self.engine, self.scorer, template, item, samples, options)
+            result.answer, result.candidates, result.degraded = long.answer, long.candidates, long.degraded
+            result.usage.add(long.usage)
+            result.timings.reasoning_ms, result.timings.scorer_ms = long.reasoning_ms, long.scorer_ms
+        if result.answer is None:
+            result.error = "the judge gave no parseable answer"
+        else:
+            result.reward = template.reward(result.answer)
+        result.timings.total_ms = (time.perf_counter() - start) * 1000
+        return result
+
+    @staticmethod
+    def _answer_params(options: JudgeOptions, answers: tuple[str, ...], tokens: int) -> list[BranchParams]:
+        """Answer-only branches: one per ladder temperature, constrained to the allowed answers."""
+        return [
+            BranchParams(
+                temperature=t,
+                top_p=options.top_p,
+                max_new_tokens=tokens,
+                allowed=answers,
+                seed=None if options.seed is None else options.seed + i,
+            )
+            for i, t in enumerate(options.temperatures)
+        ]
+
+    async def ready(self) -> bool:
+        return await self.engine.ready() and await self.scorer.ready()

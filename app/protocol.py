@@ -1,0 +1,116 @@
+"""Wire models only: what crosses HTTP, validated by pydantic."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from app.config import MAX_M
+
+TemplateLiteral = Literal["verdict", "score", "pairwise"]
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    param: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class RewardItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, description="The prompt (question) the response answers.")
+    response: str = Field(description="The response under judgement (response A for pairwise).")
+    response_b: str | None = Field(None, description="The second response; pairwise template only.")
+    reference: str | None = Field(None, description="Optional reference answer shown to the judge.")
+    id: str | None = Field(None, max_length=256, description="Echoed back in the result.")
+
+
+class RewardOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    m: int | None = Field(None, ge=1, le=MAX_M, description="Parallel samples; default EGRM_M.")
+    temperatures: list[float] | None = Field(
+        None, description="One temperature per sample (length m); default a 0.6..1.0 ladder."
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    tau: float | None = Field(None, ge=0.0, le=1.0, description="Consensus threshold.")
+    path: Literal["auto", "short", "long"] = "auto"
+    template: TemplateLiteral | None = None
+    return_samples: bool = False
+    seed: int | None = Field(None, ge=0, description="Makes sampling reproducible.")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _check_temperatures(cls, temps: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if temps is None:
+            return temps
+        if not temps or len(temps) > MAX_M:
+            raise ValueError(f"must hold 1 to {MAX_M} values, got {len(temps)}")
+        if any(not (0.0 <= t <= 2.0) for t in temps):
+            raise ValueError("every temperature must be in [0, 2]")
+        m = info.data.get("m")
+        if m is not None and len(temps) != m:
+            raise ValueError(f"must have length m={m}, got {len(temps)}")
+        return temps
+
+
+class RewardRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[RewardItem] = Field(min_length=1, description="The pairs to judge.")
+    options: RewardOptions = Field(default_factory=RewardOptions)
+    model: str | None = Field(None, description="Accepted for client compatibility; ignored.")
+
+
+class SampleOut(BaseModel):
+    text: str
+    answer: str | None
+    temperature: float
+
+
+class CandidateOut(BaseModel):
+    reasoning: str
+    answer: str | None
+    score: float
+
+
+class TimingsOut(BaseModel):
+    sample_ms: float
+    reasoning_ms: float
+    scorer_ms: float
+    total_ms: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class RewardResult(BaseModel):
+    index: int
+    id: str | None = None
+    reward: float | None = Field(description="In [0, 1]; null when the item has an error.")
+    answer: str | None
+    route: Literal["short", "long"] | None
+    consensus: float
+    votes: dict[str, int]
+    samples: list[SampleOut] | None = None
+    candidates: list[CandidateOut] | None = None
+    degraded: bool = False
+    error: ErrorDetail | None = None
+    timings: TimingsOut
+
+
+class RewardResponse(BaseModel):
+    object: Literal["reward.list"] = "reward.list"
+    model: str
+    results: list[RewardResult]
+    usage: Usage

@@ -1,0 +1,124 @@
+"""The embedded engine on the real default model (fp32, so batch sizes agree token for token)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from app.engines.base import BranchParams, ContextLengthError, FinishReason
+from app.engines.embedded.engine import EmbeddedEngine
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "Name three colours of the rainbow and say why the sky is blue."}]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def prefix(engine: EmbeddedEngine) -> str:
+    return engine.render_chat(QUESTION)
+
+
+def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(engine, prefix):
+    greedy = BranchParams(temperature=0, max_new_tokens=24)
+    one = run(engine.sample(prefix, [greedy]))[0]
+    many = run(engine.sample(prefix, [greedy] * 5))
+    assert all(b.token_ids == one.token_ids for b in many)
+    # An independent reference: transformers' own greedy generate on the same weights.
+    ids = torch.tensor([engine.encode(prefix)])
+    model = engine._m.model
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=engine._pad_id)
+    expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in engine._m.eos_ids]
+    assert one.token_ids == expected[: len(one.token_ids)] and len(one.token_ids) == len(expected)
+
+
+def test_temperature_zero_is_deterministic_while_hot_branches_vary(engine, prefix):
+    params = [BranchParams(temperature=0, max_new_tokens=16)] + [
+        BranchParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=s) for s in range(4)
+    ]
+    first, second = run(engine.sample(prefix, params)), run(engine.sample(prefix, params))
+    assert first[0].token_ids == second[0].token_ids
+    assert len({tuple(b.token_ids) for b in first[1:]}) > 1  # four seeds, four draws: not all alike
+
+
+def test_seeds_reproduce_and_differ(engine, prefix):
+    hot = [BranchParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=7)] * 2
+    a, b = run(engine.sample(prefix, hot))
+    assert a.token_ids == b.token_ids  # same seed, same draw, whatever the row
+    unseeded = [BranchParams(temperature=1.2, max_new_tokens=16)] * 4
+    assert len({tuple(x.token_ids) for x in run(engine.sample(prefix, unseeded))}) > 1
+
+
+@pytest.mark.parametrize("allowed", [("Yes", "No"), tuple(str(i) for i in range(1, 11)), ("A", "B")])
+def test_constrained_choice_always_yields_an_allowed_answer(engine, prefix, allowed):
+    params = [BranchParams(temperature=2.0, top_p=1.0, max_new_tokens=4, allowed=allowed, seed=s) for s in range(12)]
+    branches = run(engine.sample(prefix, params))
+    assert all(b.text.strip() in allowed for b in branches)
+    assert all(b.finish_reason is FinishReason.STOP for b in branches)
+
+
+def test_token_accounting_is_exact(engine, prefix):
+    n_prefix = engine.count_tokens(prefix)
+    branches = run(engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)]))
+    assert [b.prompt_tokens for b in branches] == [n_prefix] * 3
+    # One prefill: the first branch computed the prefix, the others reused its KV.
+    assert [b.cached_prompt_tokens for b in branches] == [0, n_prefix, n_prefix]
+    for b in branches:
+        assert b.completion_tokens == len(b.token_ids) == len(b.logprobs) <= 6
+        assert all(lp <= 0 for lp in b.logprobs)
+
+
+def test_length_and_stop(engine, prefix):
+    long, stopped = run(
+        engine.sample(
+            prefix,
+            [BranchParams(temperature=0, max_new_tokens=5), BranchParams(temperature=0, max_new_tokens=40, stop=(" ",))],
+        )
+    )
+    assert long.finish_reason is FinishReason.LENGTH and long.completion_tokens == 5
+    assert stopped.finish_reason is FinishReason.STOP and " " not in stopped.text
+
+
+def test_continuation_equals_a_fresh_prefill_of_the_whole_text(engine, prefix):
+    """Branches of different lengths continue from their own caches, exactly as if re-prefilled."""
+    short = BranchParams(temperature=0, max_new_tokens=3)
+    longer = BranchParams(temperature=0, max_new_tokens=9)
+    branches = run(engine.sample(prefix, [short, longer]))
+    more = BranchParams(temperature=0, max_new_tokens=10)
+    continued = run(engine.continue_branches([b.handle for b in branches], " In short,", [more, more]))
+    prefix_ids, appended = engine.encode(prefix), engine.encode(" In short,")
+    for b, c in zip(branches, continued, strict=True):
+        fresh = run(engine.sample(prefix_ids + b.token_ids + appended, [more]))[0]
+        assert c.token_ids == fresh.token_ids
+        assert c.prompt_tokens == len(prefix_ids) + b.completion_tokens + len(appended)
+        assert c.cached_prompt_tokens == len(prefix_ids) + b.completion_tokens - 1  # last token not yet fed
+
+
+def test_continuing_a_subset_leaves_the_other_branches_intact(engine, prefix):
+    greedy = BranchParams(temperature=0, max_new_tokens=4)
+    a, b = run(engine.sample(prefix, [greedy, greedy]))
+    step = BranchParams(temperature=0, max_new_tokens=6)
+    (b1,) = run(engine.continue_branches([b.handle], " Also", [step]))
+    (a1,) = run(engine.continue_branches([a.handle], " Also", [step]))
+    assert a1.token_ids == b1.token_ids  # a's cache was untouched while b advanced
+
+
+def test_bad_input_is_rejected(engine, prefix):
+    with pytest.raises(ContextLengthError):
+        run(engine.sample(prefix, [BranchParams(max_new_tokens=engine._m.context_length)]))
+    with pytest.raises(ValueError, match="empty"):
+        run(engine.sample("", [BranchParams()]))
+    with pytest.raises(ValueError, match="branches"):
+        run(engine.sample(prefix, []))
+    (b,) = run(engine.sample(prefix, [BranchParams(max_new_tokens=2)]))
+    with pytest.raises(ValueError, match="empty"):
+        run(engine.continue_branches([b.handle], "", [BranchParams()]))
+    with pytest.raises(ValueError, match="once"):
+        run(engine.continue_branches([b.handle, b.handle], "x", [BranchParams()] * 2))
+    with pytest.raises(ValueError, match="temperature"):
+        BranchParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        BranchParams(top_p=0)

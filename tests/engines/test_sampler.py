@@ -1,0 +1,59 @@
+import torch
+
+from app.engines.embedded import sampler
+from app.engines.embedded.sampler import sample
+
+
+def _logits(probs: list[float]) -> torch.Tensor:
+    return torch.tensor(probs).log()
+
+
+def test_temperature_zero_is_greedy_whatever_the_uniform():
+    logits = torch.randn(3, 50)
+    tokens = sample(logits, torch.zeros(3), torch.ones(3), torch.tensor([0.0, 0.5, 0.999]))
+    assert tokens.tolist() == logits.argmax(-1).tolist()
+
+
+def test_rows_follow_their_own_parameters():
+    logits = _logits([0.5, 0.3, 0.2]).repeat(2, 1)
+    # Same uniform, row 0 greedy, row 1 hot with the full nucleus: the uniform picks the 3rd token.
+    tokens = sample(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.95, 0.95]))
+    assert tokens.tolist() == [0, 2]
+
+
+def test_top_p_cuts_the_tail():
+    logits = _logits([0.5, 0.3, 0.2]).unsqueeze(0)
+    # top_p 0.7: the nucleus is {0, 1} (mass before token 2 is 0.8 >= 0.7); no uniform reaches 2.
+    picks = {sample(logits, torch.ones(1), torch.tensor([0.7]), torch.tensor([u])).item() for u in (0.0, 0.6, 0.99)}
+    assert picks == {0, 1}
+
+
+def test_inverse_cdf_matches_the_distribution_exactly():
+    probs = [0.4, 0.3, 0.2, 0.1]
+    n = 1000
+    uniforms = (torch.arange(n) + 0.5) / n  # evenly spaced quantiles
+    logits = _logits(probs).repeat(n, 1)
+    tokens = sample(logits, torch.ones(n), torch.ones(n), uniforms)
+    counts = torch.bincount(tokens, minlength=4).tolist()
+    assert counts == [400, 300, 200, 100]
+
+
+def test_temperature_flattens():
+    logits = _logits([0.9, 0.1]).repeat(2, 1)
+    u = torch.tensor([0.85, 0.85])
+    # At T=1 the 0.85 quantile is token 0; at T=4 the distribution is ~[0.64, 0.36] and it is token 1.
+    assert sample(logits, torch.tensor([1.0, 4.0]), torch.ones(2), u).tolist() == [0, 1]
+
+
+def test_flat_distribution_falls_back_to_the_full_vocabulary(monkeypatch):
+    monkeypatch.setattr(sampler, "_TOP_K", 4)
+    logits = torch.zeros(1, 100)  # uniform over 100 tokens: top-4 holds 4% < top_p
+    token = sample(logits, torch.ones(1), torch.ones(1), torch.tensor([0.995])).item()
+    assert token not in logits.topk(4).indices.tolist()[0]
+
+
+def test_masked_tokens_are_never_drawn():
+    logits = torch.zeros(1, 10)
+    logits[0, :8] = float("-inf")
+    for u in (0.0, 0.3, 0.7, 0.999):
+        assert sample(logits, torch.ones(1), torch.ones(1), torch.tensor([u])).item() in (8, 9)
