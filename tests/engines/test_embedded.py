@@ -75,7 +75,10 @@ def test_length_and_stop(engine, prefix):
     long, stopped = run(
         engine.sample(
             prefix,
-            [BranchParams(temperature=0, max_new_tokens=5), BranchParams(temperature=0, max_new_tokens=40, stop=(" ",))],
+            [
+                BranchParams(temperature=0, max_new_tokens=5),
+                BranchParams(temperature=0, max_new_tokens=40, stop=(" ",)),
+            ],
         )
     )
     assert long.finish_reason is FinishReason.LENGTH and long.completion_tokens == 5

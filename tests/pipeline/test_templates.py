@@ -6,8 +6,15 @@ from app.pipeline.types import JudgeItem
 
 @pytest.mark.parametrize(
     ("text", "answer"),
-    [("Yes", "Yes"), (" yes.", "Yes"), ("NO", "No"), ("No, because 2+2=4", "No"), ("Yesterday", None),
-     ("I cannot tell", None), ("", None)],
+    [
+        ("Yes", "Yes"),
+        (" yes.", "Yes"),
+        ("NO", "No"),
+        ("No, because 2+2=4", "No"),
+        ("Yesterday", None),
+        ("I cannot tell", None),
+        ("", None),
+    ],
 )
 def test_verdict_extraction(text, answer):
     assert get_template("verdict").extract(text) == answer
@@ -28,8 +35,15 @@ def test_pairwise_extraction(text, answer):
 
 @pytest.mark.parametrize(
     ("template", "answer", "reward"),
-    [("verdict", "Yes", 1.0), ("verdict", "No", 0.0), ("score", "1", 0.0), ("score", "10", 1.0),
-     ("score", "5", 4 / 9), ("pairwise", "A", 1.0), ("pairwise", "B", 0.0)],
+    [
+        ("verdict", "Yes", 1.0),
+        ("verdict", "No", 0.0),
+        ("score", "1", 0.0),
+        ("score", "10", 1.0),
+        ("score", "5", 4 / 9),
+        ("pairwise", "A", 1.0),
+        ("pairwise", "B", 0.0),
+    ],
 )
 def test_reward_mapping(template, answer, reward):
     assert get_template(template).reward(answer) == pytest.approx(reward)

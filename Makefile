@@ -1,0 +1,41 @@
+# The front door: `make serve` and `make test` each set everything up on a fresh machine.
+PYTHON ?= python3
+# The CPU wheel first: an unpinned torch would pull a multi-GB CUDA build. GPU users override it.
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install model serve test lint typecheck bench clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+install: $(INSTALLED)
+
+model: install  ## download and convert the default model once (idempotent)
+	$(BIN)/egrm fetch-model
+
+serve: model  ## run the service on the embedded default model
+	$(BIN)/egrm serve --host $(HOST) --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check app tests loadtest
+	$(BIN)/ruff format --check app tests loadtest
+
+typecheck: install
+	$(BIN)/mypy app
+
+test: model lint typecheck  ## everything CI runs
+	$(BIN)/pytest
+
+bench: model  ## latency of one short-path and one long-path request (JSON)
+	$(BIN)/python -m loadtest.bench_latency
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

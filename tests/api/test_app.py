@@ -1,0 +1,118 @@
+"""The HTTP contract in-process (lifespan run by TestClient), on the real model."""
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.main import create_app
+
+pytestmark = pytest.mark.slow
+
+ITEM = {"prompt": "What is 2+2?", "response": "4"}
+
+
+@pytest.fixture(scope="module")
+def client(engine) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(max_items=4), engine=engine)) as c:
+        yield c
+
+
+def post(client: TestClient, body: dict):
+    return client.post("/v1/rewards", json=body)
+
+
+def assert_error(response, status: int, param: str):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] and param.split(".")[-1].split("[")[0] in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"items": [{"response": "4"}]}, "items[0].prompt"),
+        ({"items": [ITEM, {"prompt": "x"}]}, "items[1].response"),
+        ({"items": []}, "items"),
+        ({}, "items"),
+        ({"items": [ITEM], "options": {"m": 17}}, "options.m"),
+        ({"items": [ITEM], "options": {"m": 0}}, "options.m"),
+        ({"items": [ITEM], "options": {"m": 3, "temperatures": [0.5]}}, "options.temperatures"),
+        ({"items": [ITEM], "options": {"temperatures": [3.0]}}, "options.temperatures"),
+        ({"items": [ITEM], "options": {"tau": 1.5}}, "options.tau"),
+        ({"items": [ITEM], "options": {"top_p": 0}}, "options.top_p"),
+        ({"items": [ITEM], "options": {"path": "medium"}}, "options.path"),
+        ({"items": [ITEM], "options": {"template": "essay"}}, "options.template"),
+        ({"items": [{**ITEM, "colour": "red"}]}, "items[0].colour"),
+        ({"items": [ITEM], "options": {"template": "pairwise"}}, "items[0].response_b"),
+    ],
+)
+def test_bad_input_names_the_field(client, body, param):
+    assert_error(post(client, body), 422, param)
+
+
+def test_too_many_items(client):
+    assert_error(post(client, {"items": [ITEM] * 5}), 413, "items")
+
+
+def test_malformed_json_and_unknown_route_keep_the_error_shape(client):
+    r = client.post("/v1/rewards", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "error" in r.json()
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_short_path_result(client):
+    body = {"items": [{**ITEM, "id": "q1"}], "options": {"path": "short", "return_samples": True, "seed": 1}}
+    r = post(client, body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    (result,) = data["results"]
+    assert result["id"] == "q1" and result["route"] == "short" and result["index"] == 0
+    assert sum(result["votes"].values()) == 5 and result["answer"] in ("Yes", "No")
+    assert result["reward"] == (1.0 if result["answer"] == "Yes" else 0.0)
+    assert result["consensus"] == max(result["votes"].values()) / 5
+    assert [s["temperature"] for s in result["samples"]] == [0.6, 0.7, 0.8, 0.9, 1.0]
+    assert result["candidates"] is None
+    usage = data["usage"]
+    assert usage["cached_prompt_tokens"] == 4 * usage["prompt_tokens"] // 5  # one prefill for five rows
+    assert usage["completion_tokens"] == 5 and usage["total_tokens"] == usage["prompt_tokens"] + 5
+
+
+def test_long_path_result(client):
+    body = {"items": [ITEM], "options": {"path": "long", "m": 3, "seed": 2, "template": "score"}}
+    (result,) = post(client, body).json()["results"]
+    assert result["route"] == "long" and len(result["candidates"]) == 3
+    best = max(result["candidates"], key=lambda c: c["score"])
+    assert result["answer"] == best["answer"] and result["answer"] in [str(i) for i in range(1, 11)]
+    assert result["reward"] == pytest.approx((int(result["answer"]) - 1) / 9)
+    assert result["timings"]["reasoning_ms"] > 0 and result["timings"]["total_ms"] >= result["timings"]["sample_ms"]
+
+
+def test_auto_routing_follows_tau(client):
+    # tau 0 sends everything short; tau above 1/m... only unanimity (tau 1) can still be short.
+    (short,) = post(client, {"items": [ITEM], "options": {"tau": 0.0}}).json()["results"]
+    assert short["route"] == "short"
+    (r,) = post(client, {"items": [ITEM], "options": {"tau": 1.0, "seed": 5}}).json()["results"]
+    assert r["route"] == ("short" if r["consensus"] == 1.0 else "long")
+
+
+def test_seeded_requests_are_reproducible(client):
+    body = {"items": [ITEM], "options": {"seed": 11, "return_samples": True, "path": "short"}}
+    first, second = post(client, body).json()["results"][0], post(client, body).json()["results"][0]
+    assert first["samples"] == second["samples"]
+
+
+def test_item_too_long_for_the_model_gets_its_own_error(client):
+    huge = {"prompt": "word " * 9000, "response": "4"}
+    r = post(client, {"items": [ITEM, huge], "options": {"path": "short"}})
+    assert r.status_code == 200
+    ok, bad = r.json()["results"]
+    assert ok["error"] is None and ok["reward"] is not None
+    assert bad["reward"] is None and bad["error"]["param"] == "items[1]" and "context" in bad["error"]["message"]
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
