@@ -1,6 +1,7 @@
 """`egrm serve` as a real process on a loopback port, spoken to over real HTTP."""
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -50,3 +51,25 @@ def test_missing_field_is_named(server):
 def test_readiness(server):
     r = httpx.get(f"{server}/readyz")
     assert r.status_code == 200 and r.json()["ready"] is True
+
+
+def test_model_work_does_not_block_the_event_loop(server):
+    """While a long-path request is decoding, the same process still answers other requests."""
+    body = {
+        "items": [{"prompt": "Why is the sky blue?", "response": "Rayleigh scattering."}],
+        "options": {"path": "long"},
+    }
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, f"{server}/v1/rewards", json=body, timeout=120)
+        while not _in_flight(server):
+            assert not slow.done(), slow.result().text
+        answered_during = httpx.get(f"{server}/healthz", timeout=10).status_code == 200 and not slow.done()
+        assert slow.result().status_code == 200
+    assert answered_during
+
+
+def _in_flight(url: str) -> bool:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("egrm_requests_in_flight "):
+            return float(line.split()[-1]) > 0
+    return False

@@ -101,13 +101,14 @@ def convert_gguf(gguf: Path, out: Path, dtype: str = "bfloat16") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    # Dequantising is fastest in float32 (transformers' GGUF kernels compute in it); cast after.
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised now; drop the GGUF quantiser so the folder saves and reloads
     # as an ordinary checkpoint.
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
