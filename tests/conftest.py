@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from app.config import Settings
 from app.engines.embedded.engine import EmbeddedEngine
 from app.engines.embedded.fetch import fetch_model
+from app.engines.embedded.loader import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")
@@ -18,6 +20,29 @@ def model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(model_path: Path) -> EmbeddedEngine:
+def loaded_fp32(model_path: Path) -> LoadedModel:
     """fp32: batched and single-row kernels agree token for token only in fp32."""
-    return EmbeddedEngine.load(str(model_path), dtype="float32")
+    return load_model(model_path, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def engine(loaded_fp32: LoadedModel) -> Iterator[EmbeddedEngine]:
+    """The serving default: lean forward, branches in one sequence."""
+    yield from _engine(loaded_fp32)
+
+
+# Every engine variant: the two layouts of the lean forward, and the generic transformers path.
+VARIANTS = {"sequence": {"layout": "sequence"}, "batch": {"layout": "batch"}, "generic": {"lean": False}}
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS))
+def any_engine(request: pytest.FixtureRequest, loaded_fp32: LoadedModel) -> Iterator[EmbeddedEngine]:
+    yield from _engine(loaded_fp32, **VARIANTS[request.param])
+
+
+def _engine(loaded: LoadedModel, **kwargs) -> Iterator[EmbeddedEngine]:
+    import asyncio
+
+    engine = EmbeddedEngine(loaded, **kwargs)
+    yield engine
+    asyncio.run(engine.close())

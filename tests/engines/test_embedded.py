@@ -1,4 +1,4 @@
-"""The embedded engine on the real default model (fp32, so batch sizes agree token for token)."""
+"""The embedded any_engine on the real default model (fp32, so batch sizes agree token for token)."""
 
 import asyncio
 
@@ -18,51 +18,51 @@ def run(coro):
 
 
 @pytest.fixture(scope="module")
-def prefix(engine: EmbeddedEngine) -> str:
-    return engine.render_chat(QUESTION)
+def prefix(any_engine: EmbeddedEngine) -> str:
+    return any_engine.render_chat(QUESTION)
 
 
-def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(engine, prefix):
+def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(any_engine, prefix):
     greedy = BranchParams(temperature=0, max_new_tokens=24)
-    one = run(engine.sample(prefix, [greedy]))[0]
-    many = run(engine.sample(prefix, [greedy] * 5))
+    one = run(any_engine.sample(prefix, [greedy]))[0]
+    many = run(any_engine.sample(prefix, [greedy] * 5))
     assert all(b.token_ids == one.token_ids for b in many)
     # An independent reference: transformers' own greedy generate on the same weights.
-    ids = torch.tensor([engine.encode(prefix)])
-    model = engine._m.model
-    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=engine._pad_id)
-    expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in engine._m.eos_ids]
+    ids = torch.tensor([any_engine.encode(prefix)])
+    model = any_engine._m.model
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=any_engine._pad_id)
+    expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in any_engine._m.eos_ids]
     assert one.token_ids == expected[: len(one.token_ids)] and len(one.token_ids) == len(expected)
 
 
-def test_temperature_zero_is_deterministic_while_hot_branches_vary(engine, prefix):
+def test_temperature_zero_is_deterministic_while_hot_branches_vary(any_engine, prefix):
     params = [BranchParams(temperature=0, max_new_tokens=16)] + [
         BranchParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=s) for s in range(4)
     ]
-    first, second = run(engine.sample(prefix, params)), run(engine.sample(prefix, params))
+    first, second = run(any_engine.sample(prefix, params)), run(any_engine.sample(prefix, params))
     assert first[0].token_ids == second[0].token_ids
     assert len({tuple(b.token_ids) for b in first[1:]}) > 1  # four seeds, four draws: not all alike
 
 
-def test_seeds_reproduce_and_differ(engine, prefix):
+def test_seeds_reproduce_and_differ(any_engine, prefix):
     hot = [BranchParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=7)] * 2
-    a, b = run(engine.sample(prefix, hot))
+    a, b = run(any_engine.sample(prefix, hot))
     assert a.token_ids == b.token_ids  # same seed, same draw, whatever the row
     unseeded = [BranchParams(temperature=1.2, max_new_tokens=16)] * 4
-    assert len({tuple(x.token_ids) for x in run(engine.sample(prefix, unseeded))}) > 1
+    assert len({tuple(x.token_ids) for x in run(any_engine.sample(prefix, unseeded))}) > 1
 
 
 @pytest.mark.parametrize("allowed", [("Yes", "No"), tuple(str(i) for i in range(1, 11)), ("A", "B")])
-def test_constrained_choice_always_yields_an_allowed_answer(engine, prefix, allowed):
+def test_constrained_choice_always_yields_an_allowed_answer(any_engine, prefix, allowed):
     params = [BranchParams(temperature=2.0, top_p=1.0, max_new_tokens=4, allowed=allowed, seed=s) for s in range(12)]
-    branches = run(engine.sample(prefix, params))
+    branches = run(any_engine.sample(prefix, params))
     assert all(b.text.strip() in allowed for b in branches)
     assert all(b.finish_reason is FinishReason.STOP for b in branches)
 
 
-def test_token_accounting_is_exact(engine, prefix):
-    n_prefix = engine.count_tokens(prefix)
-    branches = run(engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)]))
+def test_token_accounting_is_exact(any_engine, prefix):
+    n_prefix = any_engine.count_tokens(prefix)
+    branches = run(any_engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)]))
     assert [b.prompt_tokens for b in branches] == [n_prefix] * 3
     # One prefill: the first branch computed the prefix, the others reused its KV.
     assert [b.cached_prompt_tokens for b in branches] == [0, n_prefix, n_prefix]
@@ -71,9 +71,9 @@ def test_token_accounting_is_exact(engine, prefix):
         assert all(lp <= 0 for lp in b.logprobs)
 
 
-def test_length_and_stop(engine, prefix):
+def test_length_and_stop(any_engine, prefix):
     long, stopped = run(
-        engine.sample(
+        any_engine.sample(
             prefix,
             [
                 BranchParams(temperature=0, max_new_tokens=5),
@@ -85,42 +85,42 @@ def test_length_and_stop(engine, prefix):
     assert stopped.finish_reason is FinishReason.STOP and " " not in stopped.text
 
 
-def test_continuation_equals_a_fresh_prefill_of_the_whole_text(engine, prefix):
+def test_continuation_equals_a_fresh_prefill_of_the_whole_text(any_engine, prefix):
     """Branches of different lengths continue from their own caches, exactly as if re-prefilled."""
     short = BranchParams(temperature=0, max_new_tokens=3)
     longer = BranchParams(temperature=0, max_new_tokens=9)
-    branches = run(engine.sample(prefix, [short, longer]))
+    branches = run(any_engine.sample(prefix, [short, longer]))
     more = BranchParams(temperature=0, max_new_tokens=10)
-    continued = run(engine.continue_branches([b.handle for b in branches], " In short,", [more, more]))
-    prefix_ids, appended = engine.encode(prefix), engine.encode(" In short,")
+    continued = run(any_engine.continue_branches([b.handle for b in branches], " In short,", [more, more]))
+    prefix_ids, appended = any_engine.encode(prefix), any_engine.encode(" In short,")
     for b, c in zip(branches, continued, strict=True):
-        fresh = run(engine.sample(prefix_ids + b.token_ids + appended, [more]))[0]
+        fresh = run(any_engine.sample(prefix_ids + b.token_ids + appended, [more]))[0]
         assert c.token_ids == fresh.token_ids
         assert c.prompt_tokens == len(prefix_ids) + b.completion_tokens + len(appended)
         assert c.cached_prompt_tokens == len(prefix_ids) + b.completion_tokens - 1  # last token not yet fed
 
 
-def test_continuing_a_subset_leaves_the_other_branches_intact(engine, prefix):
+def test_continuing_a_subset_leaves_the_other_branches_intact(any_engine, prefix):
     greedy = BranchParams(temperature=0, max_new_tokens=4)
-    a, b = run(engine.sample(prefix, [greedy, greedy]))
+    a, b = run(any_engine.sample(prefix, [greedy, greedy]))
     step = BranchParams(temperature=0, max_new_tokens=6)
-    (b1,) = run(engine.continue_branches([b.handle], " Also", [step]))
-    (a1,) = run(engine.continue_branches([a.handle], " Also", [step]))
+    (b1,) = run(any_engine.continue_branches([b.handle], " Also", [step]))
+    (a1,) = run(any_engine.continue_branches([a.handle], " Also", [step]))
     assert a1.token_ids == b1.token_ids  # a's cache was untouched while b advanced
 
 
-def test_bad_input_is_rejected(engine, prefix):
+def test_bad_input_is_rejected(any_engine, prefix):
     with pytest.raises(ContextLengthError):
-        run(engine.sample(prefix, [BranchParams(max_new_tokens=engine._m.context_length)]))
+        run(any_engine.sample(prefix, [BranchParams(max_new_tokens=any_engine._m.context_length)]))
     with pytest.raises(ValueError, match="empty"):
-        run(engine.sample("", [BranchParams()]))
+        run(any_engine.sample("", [BranchParams()]))
     with pytest.raises(ValueError, match="branches"):
-        run(engine.sample(prefix, []))
-    (b,) = run(engine.sample(prefix, [BranchParams(max_new_tokens=2)]))
+        run(any_engine.sample(prefix, []))
+    (b,) = run(any_engine.sample(prefix, [BranchParams(max_new_tokens=2)]))
     with pytest.raises(ValueError, match="empty"):
-        run(engine.continue_branches([b.handle], "", [BranchParams()]))
+        run(any_engine.continue_branches([b.handle], "", [BranchParams()]))
     with pytest.raises(ValueError, match="once"):
-        run(engine.continue_branches([b.handle, b.handle], "x", [BranchParams()] * 2))
+        run(any_engine.continue_branches([b.handle, b.handle], "x", [BranchParams()] * 2))
     with pytest.raises(ValueError, match="temperature"):
         BranchParams(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):

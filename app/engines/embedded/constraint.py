@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from transformers import PreTrainedTokenizerBase
 
@@ -18,8 +18,12 @@ class TrieNode:
         return not self.children
 
 
-def build_trie(tokenizer: PreTrainedTokenizerBase, answers: Iterable[str]) -> TrieNode:
-    """Index every allowed answer, bare and with a leading space (its form after a word)."""
+@lru_cache(maxsize=128)
+def build_trie(tokenizer: PreTrainedTokenizerBase, answers: tuple[str, ...]) -> TrieNode:
+    """Index every allowed answer, bare and with a leading space (its form after a word).
+
+    Cached: the same few answer sets come with every request, and the trie is never mutated.
+    """
     root = TrieNode()
     for answer in answers:
         answer = answer.strip()

@@ -5,14 +5,23 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from app.engines.base import BranchParams, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
-from app.engines.embedded.fork import ForkState
 from app.engines.embedded.sampler import sample
+
+
+class Fork(Protocol):
+    """What the loop needs of a fork: its branch rows, their pending tokens, and a step."""
+
+    rows: int
+    pending: list[list[int]]
+
+    def extend(self, new_ids: Sequence[Sequence[int]]) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -76,7 +85,7 @@ def _finish_reason(
 
 
 def decode(
-    fork: ForkState,
+    fork: Fork,
     tokenizer: PreTrainedTokenizerBase,
     eos_ids: frozenset[int],
     rows: Sequence[int],

@@ -1,39 +1,62 @@
 """The embedded engine: an in-process torch model behind the async Engine contract.
 
-All model work runs on one dedicated thread, so the event loop never blocks; requests await
-futures. One call = one prefill of the shared prefix + one batched decode of its branches.
+All model work runs on the scheduler's one thread, so the event loop never blocks; requests
+await futures. Concurrent requests are batched: their prefixes are prefilled in one forward and
+their branches decode in the same steps (llama-family models, on the lean forward). Other
+architectures run on the generic transformers forward, one request at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 from app.engines.base import Branch, BranchParams, ContextLengthError
+from app.engines.embedded import lean_llama
 from app.engines.embedded.decoder import RowRun, decode
 from app.engines.embedded.fork import BranchRef, ForkState
+from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
+from app.engines.embedded.packed import Layout, PackedFork
+from app.engines.embedded.scheduler import ContinueJob, Job, SampleJob, Scheduler
+
+Fork = ForkState | PackedFork
 
 
 class EmbeddedEngine:
-    def __init__(self, loaded: LoadedModel):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        layout: Layout | str = Layout.SEQUENCE,
+        lean: bool | None = None,
+        max_queue: int = 1024,
+        max_batch_branches: int = 128,
+    ):
+        """lean: None = the lean forward where the architecture allows it; False = always generic."""
         self._m = loaded
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="egrm-engine")
+        self.layout = Layout(layout)
+        if lean and not lean_llama.supports(loaded.model):
+            raise ValueError(f"the lean forward supports llama-family models, not {loaded.model.config.model_type}")
+        use_lean = lean if lean is not None else lean_llama.supports(loaded.model)
+        self._lean = LeanLlama(loaded.model) if use_lean else None
+        self._scheduler = Scheduler(self._run_batch, max_queue, max_batch_branches)
 
     @classmethod
-    def load(cls, path: str, dtype: str = "bfloat16", threads: int = 0) -> EmbeddedEngine:
-        return cls(load_model(path, dtype=dtype, threads=threads))
+    def load(cls, path: str, dtype: str = "bfloat16", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
+        return cls(load_model(path, dtype=dtype, threads=threads), **kwargs)
 
     @property
     def model_name(self) -> str:
         return self._m.name
 
     @property
-    def tokenizer(self) -> Any:
-        return self._m.tokenizer
+    def forward_kind(self) -> str:
+        return f"lean/{self.layout.value}" if self._lean else "generic/batch"
+
+    @property
+    def queue_depth(self) -> int:
+        return self._scheduler.depth
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         return str(self._m.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))
@@ -44,8 +67,8 @@ class EmbeddedEngine:
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+    async def _submit(self, job: Job) -> list[Branch]:
+        return await asyncio.wrap_future(self._scheduler.submit(job))
 
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
         if not branches:
@@ -54,7 +77,7 @@ class EmbeddedEngine:
         if not ids:
             raise ValueError("prefix must not be empty")
         self._check_context(len(ids), branches)
-        return await self._run(self._sample_sync, ids, list(branches))
+        return await self._submit(SampleJob(ids, list(branches)))
 
     async def continue_branches(
         self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
@@ -66,17 +89,20 @@ class EmbeddedEngine:
         refs = [h for h in handles if isinstance(h, BranchRef)]
         if len(refs) != len(handles):
             raise ValueError("handles must come from this engine's sample()")
-        # Branches of different forks continue fork by fork, each fork in one batch.
-        results: dict[int, Branch] = {}
-        forks: dict[int, list[int]] = {}
+        # Branches of different forks continue fork by fork, each fork in one job.
+        by_fork: dict[int, list[int]] = {}
         for i, ref in enumerate(refs):
-            forks.setdefault(id(ref.fork), []).append(i)
-        for idx in forks.values():
+            by_fork.setdefault(id(ref.fork), []).append(i)
+        jobs = []
+        for idx in by_fork.values():
             rows = [refs[i].row for i in idx]
             if len(set(rows)) != len(rows):
                 raise ValueError("a branch may appear only once per continue_branches call")
-            done = await self._run(self._continue_sync, refs[idx[0]].fork, rows, text, [branches[i] for i in idx])
-            results.update(zip(idx, done, strict=True))
+            jobs.append((idx, ContinueJob(refs[idx[0]].fork, rows, text, [branches[i] for i in idx])))
+        done = await asyncio.gather(*(self._submit(job) for _, job in jobs))
+        results: dict[int, Branch] = {}
+        for (idx, _), branches_done in zip(jobs, done, strict=True):
+            results.update(zip(idx, branches_done, strict=True))
         return [results[i] for i in range(len(refs))]
 
     def _check_context(self, used: int, branches: Sequence[BranchParams]) -> None:
@@ -87,22 +113,70 @@ class EmbeddedEngine:
                 f"context of {self._m.context_length} tokens"
             )
 
-    def _sample_sync(self, ids: list[int], branches: list[BranchParams]) -> list[Branch]:
-        fork = ForkState(self._m.model, ids, len(branches), self._pad_id)
-        runs = decode(fork, self._m.tokenizer, self._m.eos_ids, range(len(branches)), branches, fork.last_logits)
-        # The prefix was computed once: the first branch paid for it, the others reused its KV.
-        return [self._branch(fork, r, prompt=len(ids), cached=len(ids) if r.row else 0) for r in runs]
+    # --- on the model thread -------------------------------------------------------------
 
-    def _continue_sync(self, fork: ForkState, rows: list[int], text: str, branches: list[BranchParams]) -> list[Branch]:
-        appended = self.encode(text)
-        cached = {row: fork.lengths[row] for row in rows}
+    def _run_batch(self, jobs: Sequence[Job]) -> None:
+        samples = [j for j in jobs if isinstance(j, SampleJob)]
+        if samples:
+            self._run_samples(samples)
+        merged: dict[int, list[ContinueJob]] = {}
+        for j in jobs:
+            if isinstance(j, ContinueJob):
+                merged.setdefault(id(j.fork), []).append(j)
+        for group in merged.values():
+            self._run_continues(group)
+
+    def _new_forks(self, jobs: list[SampleJob]) -> list[tuple[Fork, list[SampleJob]]]:
+        if self._lean is None:
+            return [(ForkState(self._m.model, j.ids, j.branches, self._pad_id), [j]) for j in jobs]
+        reserve = min(64, max(p.max_new_tokens for j in jobs for p in j.params))
+        groups = [(j.ids, j.branches) for j in jobs]
+        return [(PackedFork(self._lean, groups, self.layout, self._pad_id, reserve=reserve), jobs)]
+
+    def _run_samples(self, jobs: list[SampleJob]) -> None:
+        for fork, group in self._new_forks(jobs):
+            params = [p for j in group for p in j.params]
+            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, range(fork.rows), params, fork.last_logits)
+            for job, mine in zip(group, _split(runs, group), strict=True):
+                # The prefix was computed once: the first branch paid for it, the others reused its KV.
+                p = len(job.ids)
+                job.future.set_result([self._branch(fork, r, p, p if i else 0) for i, r in enumerate(mine)])
+
+    def _run_continues(self, jobs: list[ContinueJob]) -> None:
+        fork = jobs[0].fork
+        taken: set[int] = set()
+        now: list[ContinueJob] = []
+        later: list[ContinueJob] = []
+        for job in jobs:  # one continuation per branch per step; a second one waits for the next round
+            (later if taken & set(job.rows) else now).append(job)
+            taken |= set(job.rows)
         feed: list[list[int]] = [[] for _ in range(fork.rows)]
-        for row in rows:
-            feed[row], fork.pending[row] = fork.pending[row] + appended, []
-        self._check_context(max(cached[r] + len(feed[r]) for r in rows), branches)
-        logits = fork.extend(feed)
-        runs = decode(fork, self._m.tokenizer, self._m.eos_ids, rows, branches, logits)
-        return [self._branch(fork, r, prompt=cached[r.row] + len(feed[r.row]), cached=cached[r.row]) for r in runs]
+        cached: dict[int, int] = {}
+        ready = []
+        for job in now:
+            appended = self.encode(job.text)
+            try:
+                self._check_context(
+                    max(fork.lengths[r] + len(fork.pending[r]) + len(appended) for r in job.rows), job.params
+                )
+            except ContextLengthError as exc:
+                job.future.set_exception(exc)
+                continue
+            for row in job.rows:
+                cached[row] = fork.lengths[row]
+                feed[row], fork.pending[row] = fork.pending[row] + appended, []
+            ready.append(job)
+        if ready:
+            logits = fork.extend(feed)
+            rows = [r for j in ready for r in j.rows]
+            params = [p for j in ready for p in j.params]
+            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits)
+            for job, mine in zip(ready, _split(runs, ready), strict=True):
+                job.future.set_result(
+                    [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]
+                )
+        if later:
+            self._run_continues(later)
 
     @property
     def _pad_id(self) -> int:
@@ -110,8 +184,9 @@ class EmbeddedEngine:
         return pad if pad is not None else min(self._m.eos_ids)
 
     @staticmethod
-    def _branch(fork: ForkState, run: RowRun, prompt: int, cached: int) -> Branch:
-        assert run.finish is not None and run.text is not None  # decode() finishes every run
+    def _branch(fork: Fork, run: RowRun, prompt: int, cached: int) -> Branch:
+        if run.finish is None or run.text is None:
+            raise RuntimeError("decode() returned an unfinished branch")
         return Branch(
             text=run.text,
             token_ids=run.tokens,
@@ -126,4 +201,12 @@ class EmbeddedEngine:
         return True
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._scheduler.close)
+
+
+def _split(runs: list[RowRun], jobs: Sequence[Job]) -> list[list[RowRun]]:
+    out, start = [], 0
+    for job in jobs:
+        out.append(runs[start : start + job.branches])
+        start += job.branches
+    return out

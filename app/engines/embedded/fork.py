@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -17,9 +18,9 @@ from transformers import DynamicCache, PreTrainedModel
 
 @dataclass(slots=True)
 class BranchRef:
-    """The handle of one branch: its fork and row."""
+    """The handle of one branch: its fork (a ForkState or a PackedFork) and row."""
 
-    fork: ForkState
+    fork: Any
     row: int
 
 

@@ -1,0 +1,170 @@
+"""A lean forward for the llama family over a slot-addressed KV cache.
+
+Why not the Hugging Face forward: on a CPU its per-step Python and dtype shuffling cost as much
+as the matmuls at batch 5, and its cache grows by concatenation. This forward loads the same
+weights (fused QKV and gate/up projections), writes each new K/V into a preallocated slot,
+lets the caller say which cached slots each query may see (a boolean mask: that is how
+branches share one prefix, in one sequence or in a batch), and computes logits only where
+asked. Numerics follow transformers' llama (fp32 RMSNorm, fp32 RoPE tables cast to the model
+dtype, SDPA with grouped-query attention), so fp32 outputs match it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+
+def supports(model: PreTrainedModel) -> bool:
+    """Plain llama-style models (llama, SmolLM, ...): no biases, default RoPE, tied or untied head."""
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    return (
+        cfg.model_type == "llama"
+        and not getattr(cfg, "attention_bias", False)
+        and not getattr(cfg, "mlp_bias", False)
+        and rope.get("rope_type", "default") == "default"
+        and getattr(cfg, "hidden_act", "silu") == "silu"
+    )
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor  # (D,)
+    qkv: torch.Tensor  # (H*hd + 2*KVH*hd, D)
+    o: torch.Tensor  # (D, H*hd)
+    mlp_norm: torch.Tensor  # (D,)
+    gate_up: torch.Tensor  # (2*I, D)
+    down: torch.Tensor  # (D, I)
+
+
+class KVCache:
+    """Per-layer K and V tensors (S, KVH, C, hd), written at slots; separate tensors per layer
+    so a write touches only its own slots."""
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (rows, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+    @property
+    def rows(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def grow(self, capacity: int) -> None:
+        """Make room for more slots (one copy); callers grow geometrically."""
+        extra = capacity - self.capacity
+        if extra <= 0:
+            return
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                pad = t.new_zeros(t.shape[0], t.shape[1], extra, t.shape[3])
+                store[i] = torch.cat([t, pad], dim=2)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or repeat) rows by index: how batch mode copies one prefill to M rows."""
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                store[i] = t.index_select(0, index)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+class LeanLlama:
+    def __init__(self, model: PreTrainedModel):
+        cfg = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        inner = model.model
+        self.embed = inner.embed_tokens.weight  # (V, D)
+        self.lm_head = model.lm_head.weight  # (V, D); the same tensor when tied
+        self.final_norm = inner.norm.weight
+        with torch.no_grad():
+            self.layers = [
+                LayerWeights(
+                    attn_norm=layer.input_layernorm.weight,
+                    qkv=torch.cat(
+                        [layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]
+                    ),
+                    o=layer.self_attn.o_proj.weight,
+                    mlp_norm=layer.post_attention_layernorm.weight,
+                    gate_up=torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]),
+                    down=layer.mlp.down_proj.weight,
+                )
+                for layer in inner.layers
+            ]
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        base = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+
+    def new_cache(self, rows: int, capacity: int) -> KVCache:
+        return KVCache(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # As transformers' LlamaRMSNorm: statistics in fp32, scale in the model dtype.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq  # (S, Q, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # (S, 1, Q, hd)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache,
+        logit_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """One step for S rows of Q new tokens each.
+
+        ids, positions, slots: (S, Q) -- token, RoPE position, cache slot to write;
+        mask: (S, 1, Q, U) bool -- which of the first U slots each query sees (its own included);
+        logit_index: (N,) flat indices into S*Q of the tokens that need next-token logits.
+        Returns (N, V) float32 logits.
+        """
+        S, Q = ids.shape
+        H, KVH, hd = self.heads, self.kv_heads, self.head_dim
+        used = mask.shape[-1]
+        rows = torch.arange(S, device=ids.device)[:, None].expand(S, Q)
+        cos, sin = self._rope(positions)
+        h = F.embedding(ids, self.embed)  # (S, Q, D)
+        for i, w in enumerate(self.layers):
+            qkv = F.linear(self._norm(h, w.attn_norm), w.qkv).view(S, Q, H + 2 * KVH, hd).transpose(1, 2)
+            q = self._rotate(qkv[:, :H], cos, sin)  # (S, H, Q, hd)
+            k = self._rotate(qkv[:, H : H + KVH], cos, sin)  # (S, KVH, Q, hd)
+            v = qkv[:, H + KVH :]
+            # (S, Q) advanced indices around a slice: the assigned value is laid out (S, Q, KVH, hd).
+            cache.keys[i][rows, :, slots] = k.transpose(1, 2)
+            cache.values[i][rows, :, slots] = v.transpose(1, 2)
+            attn = F.scaled_dot_product_attention(
+                q, cache.keys[i][:, :, :used], cache.values[i][:, :, :used], attn_mask=mask, enable_gqa=True
+            )  # (S, H, Q, hd)
+            h = h + F.linear(attn.transpose(1, 2).reshape(S, Q, H * hd), w.o)
+            gate, up = F.linear(self._norm(h, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, w.down)
+        last = self._norm(h.reshape(S * Q, -1).index_select(0, logit_index), self.final_norm)
+        return F.linear(last, self.lm_head).float()
