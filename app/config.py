@@ -40,6 +40,17 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Embedded engine weights and compute dtype.")
     threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
+    parallel_mode: Literal["sequence", "batch"] = Field(
+        "sequence",
+        description="How the M branches share the prefix KV: packed in one sequence under a branch "
+        "mask (prefix stored once), or one batch row per branch (prefix copied). Lean forward only.",
+    )
+    prefix_cache: bool = Field(True, description="Keep the KV of prompt heads that requests share.")
+    batch_window_ms: float = Field(
+        5.0, ge=0, le=1000, description="Under concurrency, how long the engine waits to fill a batch."
+    )
+    max_batch_branches: int = Field(128, ge=1, description="Most branches decoded in one engine step.")
+    max_queue: int = Field(1024, ge=1, description="Most engine jobs waiting; more are refused.")
     m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
     tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")

@@ -30,7 +30,16 @@ def build_engine(settings: Settings) -> Engine:
     if not path.exists():
         raise RuntimeError(f"no model at {path}: run `egrm fetch-model` (or set EGRM_MODEL)")
     log.info("loading %s (%s)", path, settings.dtype)
-    return EmbeddedEngine.load(str(path), dtype=settings.dtype, threads=settings.threads)
+    return EmbeddedEngine.load(
+        str(path),
+        dtype=settings.dtype,
+        threads=settings.threads,
+        layout=settings.parallel_mode,
+        prefix_cache=settings.prefix_cache,
+        batch_window_ms=settings.batch_window_ms,
+        max_batch_branches=settings.max_batch_branches,
+        max_queue=settings.max_queue,
+    )
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:

@@ -25,6 +25,7 @@ class BranchParams:
     # Constrained choice: the branch may only produce one of these strings, then it stops.
     allowed: tuple[str, ...] | None = None
     seed: int | None = None
+    ignore_eos: bool = False  # decode exactly max_new_tokens (benchmarks), as SGLang's flag
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

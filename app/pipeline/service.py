@@ -33,9 +33,9 @@ class RewardPipeline:
         start = time.perf_counter()
         template = get_template(options.template)
         prefix = self.engine.render_chat(template.messages(item))
-        samples = await self.engine.sample(
-            prefix, self._answer_params(options, template.answers, template.answer_tokens)
-        )
+        params = self._answer_params(options, template.answers, template.answer_tokens)
+        sampling = time.perf_counter()
+        samples = await self.engine.sample(prefix, params)
         sampled = time.perf_counter()
         answers = [template.extract(s.text) for s in samples]
         votes = tally(answers)
@@ -47,7 +47,7 @@ class RewardPipeline:
             consensus=votes.consensus,
             votes=votes.votes,
             usage=usage_of(samples),
-            timings=Timings(sample_ms=(sampled - start) * 1000),
+            timings=Timings(sample_ms=(sampled - sampling) * 1000),
         )
         if options.return_samples:
             result.samples = [

@@ -48,29 +48,46 @@ def _start(tokenizer: PreTrainedTokenizerBase, row: int, params: BranchParams) -
     return RowRun(row, params, rng, node)
 
 
-def _constrain(logits: torch.Tensor, runs: Sequence[RowRun], eos_id: int) -> torch.Tensor:
-    """Mask each constrained row to the tokens that keep it inside an allowed answer."""
-    constrained = [(r.row, r.node) for r in runs if r.node is not None]
+def _allowed(node: TrieNode, eos_id: int) -> list[int]:
+    return list(node.children) + ([eos_id] if node.terminal else [])
+
+
+def _draw(
+    logits: torch.Tensor,
+    runs: Sequence[RowRun],
+    eos_id: int,
+    temperatures: torch.Tensor,
+    top_ps: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """Sample one token per row of logits (rows, V), each constrained row inside its answers."""
+    constrained = [(r.row, _allowed(r.node, eos_id)) for r in runs if r.node is not None]
     if not constrained:
-        return logits
-    logits = logits.clone()
-    for row, node in constrained:
-        allowed = list(node.children) + ([eos_id] if node.terminal else [])
-        keep = logits[row, allowed].clone()
-        logits[row] = float("-inf")
-        logits[row, allowed] = keep
-    return logits
+        return sample(logits, temperatures, top_ps, uniforms)
+    if len(constrained) == len(runs):
+        # Every live row is choosing among a few answers: sample over the union of their allowed
+        # tokens (rows, K) instead of the whole vocabulary. Same draws: masked tokens have p = 0.
+        columns = sorted({t for _, allowed in constrained for t in allowed})
+        index = {t: i for i, t in enumerate(columns)}
+        # Rows not being decoded keep every column, so no row is all -inf (its draw is ignored).
+        keep = torch.ones(logits.shape[0], len(columns), dtype=torch.bool, device=logits.device)
+        for row, allowed in constrained:
+            keep[row] = False
+            keep[row, [index[t] for t in allowed]] = True
+        sub = logits[:, columns].masked_fill(~keep, float("-inf"))
+        return torch.tensor(columns, device=logits.device)[sample(sub, temperatures, top_ps, uniforms)]
+    masked = logits.clone()
+    for row, allowed in constrained:
+        keep_row = masked[row, allowed].clone()
+        masked[row] = float("-inf")
+        masked[row, allowed] = keep_row
+    return sample(masked, temperatures, top_ps, uniforms)
 
 
-def _finish_reason(
-    run: RowRun, token: int, eos_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase
-) -> FinishReason | None:
-    """Record the token on the run; say whether (and why) the branch is now done."""
-    if token in eos_ids:
-        return FinishReason.STOP  # EOS is not part of the branch's text or tokens
-    run.tokens.append(token)
+def _finish_reason(run: RowRun, tokenizer: PreTrainedTokenizerBase) -> FinishReason | None:
+    """Whether (and why) the branch is done after its latest token."""
     if run.node is not None:
-        run.node = run.node.children[token]
+        run.node = run.node.children[run.tokens[-1]]
         if run.node.is_leaf:
             return FinishReason.STOP
     if run.params.stop:
@@ -102,23 +119,30 @@ def decode(
         temperatures[r.row], top_ps[r.row] = r.params.temperature, r.params.top_p
     active = list(runs)
     while active:
-        uniforms = torch.zeros(fork.rows, device=device)
+        draws = [0.0] * fork.rows
         for r in active:
-            uniforms[r.row] = r.rng.random()
-        tokens = sample(_constrain(logits, active, eos_id), temperatures, top_ps, uniforms).tolist()
-        log_probs = torch.log_softmax(logits, dim=-1)  # the model's own distribution (T=1)
+            draws[r.row] = r.rng.random()
+        uniforms = torch.tensor(draws, device=device)
+        picked = _draw(logits, active, eos_id, temperatures, top_ps, uniforms)
+        # The model's own log-probability (T=1, unconstrained) of each drawn token.
+        chosen = (logits.gather(1, picked[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)).tolist()
+        tokens = picked.tolist()
         feed: list[list[int]] = [[] for _ in range(fork.rows)]
         still: list[RowRun] = []
         for r in active:
             token = tokens[r.row]
-            r.finish = _finish_reason(r, token, eos_ids, tokenizer)
-            if token not in eos_ids:
-                r.logprobs.append(float(log_probs[r.row, token]))
+            if token in eos_ids and not r.params.ignore_eos:
+                r.finish = FinishReason.STOP  # EOS is not part of the branch's text or tokens
+                fork.pending[r.row] = []
+                continue
+            r.tokens.append(token)
+            r.logprobs.append(chosen[r.row])
+            r.finish = _finish_reason(r, tokenizer)
             if r.finish is None:
                 feed[r.row] = [token]
                 still.append(r)
             else:  # the last token's KV is computed only if the branch is continued
-                fork.pending[r.row] = [] if token in eos_ids else [token]
+                fork.pending[r.row] = [token]
         active = still
         if active:
             logits = fork.extend(feed)

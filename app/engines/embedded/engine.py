@@ -9,7 +9,7 @@ architectures run on the generic transformers forward, one request at a time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.engines.base import Branch, BranchParams, ContextLengthError
@@ -19,6 +19,7 @@ from app.engines.embedded.fork import BranchRef, ForkState
 from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.embedded.packed import Layout, PackedFork
+from app.engines.embedded.prefix_cache import PrefixCache
 from app.engines.embedded.scheduler import ContinueJob, Job, SampleJob, Scheduler
 
 Fork = ForkState | PackedFork
@@ -27,24 +28,42 @@ Fork = ForkState | PackedFork
 class EmbeddedEngine:
     def __init__(
         self,
-        loaded: LoadedModel,
+        model: LoadedModel | Callable[[], LoadedModel],
         layout: Layout | str = Layout.SEQUENCE,
         lean: bool | None = None,
         max_queue: int = 1024,
         max_batch_branches: int = 128,
+        prefix_cache: bool = True,
+        batch_window_ms: float = 5.0,
     ):
-        """lean: None = the lean forward where the architecture allows it; False = always generic."""
-        self._m = loaded
+        """model: a loaded model, or a loader to call on the model thread (see scheduler.py).
+
+        lean: None = the lean forward where the architecture allows it; False = always generic.
+        prefix_cache: keep the KV of prompt heads that requests share (lean forward only).
+        """
         self.layout = Layout(layout)
-        if lean and not lean_llama.supports(loaded.model):
-            raise ValueError(f"the lean forward supports llama-family models, not {loaded.model.config.model_type}")
-        use_lean = lean if lean is not None else lean_llama.supports(loaded.model)
-        self._lean = LeanLlama(loaded.model) if use_lean else None
-        self._scheduler = Scheduler(self._run_batch, max_queue, max_batch_branches)
+        self._scheduler = Scheduler(self._run_batch, max_queue, max_batch_branches, batch_window_ms)
+        try:
+            self._scheduler.call(lambda: self._setup(model, lean, prefix_cache)).result()
+        except BaseException:
+            self._scheduler.close()
+            raise
+
+    def _setup(self, model: LoadedModel | Callable[[], LoadedModel], lean: bool | None, prefix_cache: bool) -> None:
+        self._m = model if isinstance(model, LoadedModel) else model()
+        if lean and not lean_llama.supports(self._m.model):
+            raise ValueError(f"the lean forward supports llama-family models, not {self._m.model.config.model_type}")
+        use_lean = lean if lean is not None else lean_llama.supports(self._m.model)
+        self._lean = LeanLlama(self._m.model) if use_lean else None
+        self.prefix_cache = PrefixCache() if self._lean is not None and prefix_cache else None
 
     @classmethod
     def load(cls, path: str, dtype: str = "bfloat16", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
-        return cls(load_model(path, dtype=dtype, threads=threads), **kwargs)
+        return cls(lambda: load_model(path, dtype=dtype, threads=threads), **kwargs)
+
+    def run_on_model_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run fn where the model runs, and wait (blocking): for benchmarks and tools, not requests."""
+        return self._scheduler.call(fn).result()
 
     @property
     def model_name(self) -> str:
@@ -131,16 +150,19 @@ class EmbeddedEngine:
             return [(ForkState(self._m.model, j.ids, j.branches, self._pad_id), [j]) for j in jobs]
         reserve = min(64, max(p.max_new_tokens for j in jobs for p in j.params))
         groups = [(j.ids, j.branches) for j in jobs]
-        return [(PackedFork(self._lean, groups, self.layout, self._pad_id, reserve=reserve), jobs)]
+        fork = PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache)
+        return [(fork, jobs)]
 
     def _run_samples(self, jobs: list[SampleJob]) -> None:
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
             runs = decode(fork, self._m.tokenizer, self._m.eos_ids, range(fork.rows), params, fork.last_logits)
-            for job, mine in zip(group, _split(runs, group), strict=True):
-                # The prefix was computed once: the first branch paid for it, the others reused its KV.
+            reused = fork.reused if isinstance(fork, PackedFork) else [0]
+            for g, (job, mine) in enumerate(zip(group, _split(runs, group), strict=True)):
+                # The prefix was computed once: the first branch paid for it (less any head served
+                # by the prefix cache), the others reused its KV.
                 p = len(job.ids)
-                job.future.set_result([self._branch(fork, r, p, p if i else 0) for i, r in enumerate(mine)])
+                job.future.set_result([self._branch(fork, r, p, p if i else reused[g]) for i, r in enumerate(mine)])
 
     def _run_continues(self, jobs: list[ContinueJob]) -> None:
         fork = jobs[0].fork

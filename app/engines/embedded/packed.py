@@ -19,6 +19,7 @@ from enum import Enum
 import torch
 
 from app.engines.embedded.lean_llama import LeanLlama
+from app.engines.embedded.prefix_cache import PrefixCache
 
 SHARED = -1  # a prefix slot: every branch of the row sees it
 FREE = -2  # not (yet) holding a real token: nobody sees it
@@ -38,8 +39,12 @@ class PackedFork:
         layout: Layout,
         pad_id: int,
         reserve: int = 32,
+        prefix_cache: PrefixCache | None = None,
     ):
-        """groups: (prefix token ids, number of branches) per request, prefilled together."""
+        """groups: (prefix token ids, number of branches) per request, prefilled together.
+
+        With a prefix cache, each request's longest known head is copied in, not recomputed.
+        """
         self.lean, self.layout, self.pad_id = lean, layout, pad_id
         device = lean.device
         self.group_of = [g for g, (_, n) in enumerate(groups) for _ in range(n)]  # branch -> request
@@ -51,7 +56,19 @@ class PackedFork:
         self.owner = torch.full((len(groups), self.cache.capacity), FREE, dtype=torch.int32, device=device)
         self.fill = [0] * len(groups)  # next free slot per cache row
         self.row_of = list(range(len(groups)))  # cache row of each group's prefill
-        logits = self._write([(g, list(p), SHARED, 0) for g, (p, _) in enumerate(groups)])  # (groups, V)
+        self.reused = [0] * len(groups)  # per request: prefix tokens served from the prefix cache
+        if prefix_cache is not None:
+            for g, (p, _) in enumerate(groups):
+                self.reused[g], head = prefix_cache.lookup(p)
+                if head is not None:
+                    PrefixCache.copy_into(head, self.cache, g)
+                    self.owner[g, : self.reused[g]] = SHARED
+                    self.fill[g] = self.reused[g]
+        rest = [(g, list(p[self.reused[g] :]), SHARED, self.reused[g]) for g, (p, _) in enumerate(groups)]
+        logits = self._write(rest)  # (groups, V)
+        if prefix_cache is not None:
+            for g, (p, _) in enumerate(groups):
+                prefix_cache.learn(p, self.cache, g)
         if layout is Layout.BATCH:
             # One prefill per request, copied to its branch rows: (groups, ...) -> (branches, ...).
             index = torch.tensor(self.group_of, device=device)

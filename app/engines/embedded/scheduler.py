@@ -1,5 +1,11 @@
 """One model thread, a bounded queue, and batching of whatever is waiting.
 
+Why one thread for ALL torch work, loading included: torch's CPU kernels use OpenMP (libgomp),
+and every OS thread that runs a parallel region gets its own team of worker threads. Once
+more OpenMP threads exist than cores, libgomp stops spin-waiting between regions, and on two
+cores the many small regions of a decode step then ran 1.6x slower (measured: 0.51 s vs
+0.81 s for one 16-token sample). So the model is loaded, run and benchmarked on this thread.
+
 Concurrent requests do not run one after another: when the model thread is free it takes every
 job that has queued up meanwhile (up to a branch budget), prefills all their prefixes in one
 forward and decodes all their branches in the same steps. Continuations of branches that live
@@ -11,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,16 +56,27 @@ class ContinueJob:
         return len(self.params)
 
 
-Job = SampleJob | ContinueJob
+@dataclass(slots=True)
+class CallJob:
+    """Any other work that must run on the model thread (loading, benchmarks' reference runs)."""
+
+    fn: Callable[[], Any]
+    future: Future = field(default_factory=Future)
+    branches: int = 0
+
+
+Job = SampleJob | ContinueJob | CallJob
 Runner = Callable[[Sequence[Job]], None]
 
 
 class Scheduler:
-    def __init__(self, run_batch: Runner, max_queue: int, max_batch_branches: int):
+    def __init__(self, run_batch: Runner, max_queue: int, max_batch_branches: int, window_ms: float = 5.0):
         self._run_batch = run_batch
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._max_queue = max_queue
         self._max_branches = max_batch_branches
+        self._window_s = window_ms / 1000
+        self._last_size = 1  # jobs in the last batch
         self._carry: Job | None = None  # a job that did not fit the last batch goes first next
         self._thread = threading.Thread(target=self._loop, name="egrm-engine", daemon=True)
         self._thread.start()
@@ -73,6 +91,10 @@ class Scheduler:
         self._queue.put(job)
         return job.future
 
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the model thread; its result (or exception) arrives in the future."""
+        return self.submit(CallJob(fn))
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=60)
@@ -83,9 +105,19 @@ class Scheduler:
         if first is None:
             return None
         batch, branches = [first], first.branches
+        # Under concurrency, replies to the last batch come back as new requests a few ms apart;
+        # starting on the first one alone would split the load into one small and one large batch.
+        # So while the last batch was shared, wait up to the window for as many jobs as it had.
+        # A lone client (last batch of one) never waits.
+        deadline = time.monotonic() + self._window_s if self._last_size > 1 else 0.0
         while True:
             try:
-                job = self._queue.get_nowait()
+                wait = deadline - time.monotonic()
+                job = (
+                    self._queue.get(timeout=wait)
+                    if wait > 0 and len(batch) < self._last_size
+                    else self._queue.get_nowait()
+                )
             except queue.Empty:
                 break
             if job is None:  # closing: finish this batch, then stop
@@ -96,6 +128,7 @@ class Scheduler:
                 break
             batch.append(job)
             branches += job.branches
+        self._last_size = len(batch)
         return batch
 
     def _loop(self) -> None:
@@ -103,10 +136,18 @@ class Scheduler:
             live = [j for j in batch if j.future.set_running_or_notify_cancel()]
             if not live:
                 continue
+            for call in (j for j in live if isinstance(j, CallJob)):
+                try:
+                    call.future.set_result(call.fn())
+                except BaseException as exc:
+                    call.future.set_exception(exc)
+            model_jobs = [j for j in live if not isinstance(j, CallJob)]
+            if not model_jobs:
+                continue
             try:
-                self._run_batch(live)
+                self._run_batch(model_jobs)
             except BaseException as exc:  # keep the thread alive; fail this batch's callers only
                 log.exception("engine batch failed")
-                for job in live:
+                for job in model_jobs:
                     if not job.future.done():
                         job.future.set_exception(exc)

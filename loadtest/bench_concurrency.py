@@ -1,0 +1,93 @@
+"""Throughput at concurrency 1 vs 16 against a real server, and the HTTP + pipeline overhead.
+
+Prints one JSON line. Every request is one short-path item (M=5) with its own question, so no
+two requests share more than the judge template. The overhead is, per request at concurrency
+1, the client's latency minus the engine call the server timed (`timings.sample_ms`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from typing import Any
+
+import httpx
+
+from loadtest.serverproc import running_server
+
+
+def item(i: int) -> dict[str, str]:
+    a, b = 11 + i % 37, 23 + (7 * i) % 41
+    return {"prompt": f"What is {a} + {b}?", "response": str(a + b + (i % 3 == 0))}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float]:
+    body = {"items": [item(i)], "options": {"path": "short", "m": 5, "seed": i}}
+    start = time.perf_counter()
+    r = await client.post(f"{url}/v1/rewards", json=body, timeout=300)
+    elapsed = (time.perf_counter() - start) * 1000
+    r.raise_for_status()
+    return elapsed, r.json()["results"][0]["timings"]["sample_ms"]
+
+
+async def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    overheads: list[float] = []
+    counter = iter(range(requests))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for i in counter:
+            ms, engine_ms = await one(client, url, i)
+            latencies.append(ms)
+            overheads.append(ms - engine_ms)
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(limits=limits) as client:
+        await one(client, url, 10_000)  # warm-up
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return {
+        "requests": requests,
+        "rps": round(requests / wall, 2),
+        "p50_ms": round(statistics.median(latencies), 1),
+        "p99_ms": round(percentile(latencies, 0.99), 1),
+        "overhead_p50_ms": round(statistics.median(overheads), 2),
+    }
+
+
+async def measure(url: str, requests: int) -> dict[str, Any]:
+    c1 = await load(url, 1, requests)
+    c16 = await load(url, 16, requests * 2)
+    return {
+        "c1": c1,
+        "c16": c16,
+        "ratio_rps_c16_vs_c1": round(c16["rps"] / c1["rps"], 2),
+        "overhead_p50_ms": c1["overhead_p50_ms"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--requests", type=int, default=48, help="requests at concurrency 1 (twice that at 16)")
+    parser.add_argument("--url", help="a running server; default: start one")
+    args = parser.parse_args()
+    if args.url:
+        result = asyncio.run(measure(args.url, args.requests))
+    else:
+        with running_server() as url:
+            result = asyncio.run(measure(url, args.requests))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""M parallel samples vs one, in one process, side by side: prints one JSON line.
+
+Same prompt, same number of new tokens (16, EOS ignored) for every contender:
+one sample; M=5 through our engine in batch layout ("parallel") and in one-sequence layout;
+Hugging Face `generate(num_return_sequences=5)`; five sequential single samples. Rounds are
+interleaved (A B C D E, A B C D E, ...) so drift on a noisy machine hits all alike; medians.
+Repeated at a ~2,000-token prefix. Ratios are what to read; absolute times drift 10-20%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.config import Settings
+from app.engines.base import BranchParams
+from app.engines.embedded.engine import EmbeddedEngine
+from app.engines.embedded.fetch import fetch_model
+from app.engines.embedded.packed import Layout
+
+M = 5
+LADDER = [0.6, 0.7, 0.8, 0.9, 1.0]
+PASSAGE = (
+    "The history of astronomy spans from ancient observers who tracked the motion of the planets "
+    "against the fixed stars to modern telescopes that image galaxies billions of light years away. "
+)
+
+
+def make_prompt(engine: EmbeddedEngine, target_tokens: int) -> list[int]:
+    text = PASSAGE
+    while engine.count_tokens(text) < target_tokens:
+        text += PASSAGE
+    ids = engine.encode(engine.render_chat([{"role": "user", "content": text + "\nSummarise this."}]))
+    return ids
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_suite(engine: EmbeddedEngine, ids: list[int], new: int, rounds: int) -> dict[str, Any]:
+    loop = asyncio.new_event_loop()
+    ladder = [
+        BranchParams(temperature=t, top_p=0.95, max_new_tokens=new, ignore_eos=True, seed=i)
+        for i, t in enumerate(LADDER)
+    ]
+    kv: dict[str, int] = {}
+
+    def ours(layout: str, params: list[BranchParams], key: str | None = None) -> None:
+        engine.layout = Layout(layout)
+        out = loop.run_until_complete(engine.sample(ids, params))
+        assert all(b.completion_tokens == new for b in out)
+        if key:
+            kv[key] = out[0].handle.fork.kv_bytes
+
+    model, pad = engine._m.model, engine._pad_id
+    prompt = torch.tensor([ids])
+
+    def hf_nrs() -> None:
+        engine.run_on_model_thread(hf_generate)  # torch work stays on the model thread, as in serving
+
+    def hf_generate() -> None:
+        with torch.inference_mode():
+            out = model.generate(
+                prompt,
+                do_sample=True,
+                temperature=0.8,
+                top_p=0.95,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                num_return_sequences=M,
+                pad_token_id=pad,
+            )
+        assert out.shape == (M, len(ids) + new)
+
+    contenders: dict[str, Callable[[], None]] = {
+        "single": lambda: ours("batch", ladder[:1]),
+        "parallel": lambda: ours("batch", ladder, "kv_bytes_batched"),
+        "one_sequence": lambda: ours("sequence", ladder, "kv_bytes_one_sequence"),
+        "hf_nrs": hf_nrs,
+        "sequential": lambda: [ours("batch", [p]) for p in ladder],
+    }
+    for fn in contenders.values():  # warm-up: first-call allocations, page faults
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            times[name].append(timed(fn))
+    loop.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "prefix_tokens": len(ids),
+        "new_tokens": new,
+        "rounds": rounds,
+        **{f"median_ms_{k}": round(v * 1000, 1) for k, v in med.items()},
+        "ratio_parallel_vs_single": round(med["parallel"] / med["single"], 3),
+        "ratio_one_sequence_vs_single": round(med["one_sequence"] / med["single"], 3),
+        "ratio_sequential_vs_parallel": round(med["sequential"] / med["parallel"], 3),
+        "ratio_hf_nrs_vs_parallel": round(med["hf_nrs"] / med["parallel"], 3),
+        "ratio_one_sequence_vs_parallel": round(med["one_sequence"] / med["parallel"], 3),
+        **kv,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--model", type=Path, help="model folder (default: the fetched default)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--long-rounds", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    args = parser.parse_args()
+
+    engine = EmbeddedEngine.load(str(args.model or fetch_model(Settings().cache_dir)), dtype=args.dtype)
+    threads = engine.run_on_model_thread(torch.get_num_threads)
+    result: dict[str, Any] = {"m": M, "dtype": args.dtype, "threads": threads, "forward": engine.forward_kind}
+    result["short"] = run_suite(engine, make_prompt(engine, 210), args.new_tokens, args.rounds)
+    result["long"] = run_suite(engine, make_prompt(engine, 1980), args.new_tokens, args.long_rounds)
+    asyncio.run(engine.close())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
