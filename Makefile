@@ -34,7 +34,9 @@ typecheck: install
 test: model lint typecheck  ## everything CI runs
 	$(BIN)/pytest
 
-bench: model  ## latency of one short-path and one long-path request (JSON)
+bench: model  ## every benchmark, one JSON line each
+	$(BIN)/python -m loadtest.bench_parallel --json
+	$(BIN)/python -m loadtest.bench_concurrency --json
 	$(BIN)/python -m loadtest.bench_latency
 
 clean:

@@ -52,6 +52,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         the_engine: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
         app.state.settings = settings
         app.state.metrics = Metrics()
+        app.state.metrics.watch_engine(the_engine.stats)
         app.state.pipeline = RewardPipeline(the_engine, scorer or HeuristicScorer())
         try:
             yield

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import (
     CollectorRegistry,
@@ -11,6 +13,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.engines.base import EngineStats
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -54,6 +60,10 @@ class Metrics:
         )
         self.in_flight = Gauge("egrm_requests_in_flight", "Requests being served.", registry=r)
 
+    def watch_engine(self, stats: Callable[[], EngineStats]) -> None:
+        """Read the engine's counters at every scrape (they live on the model thread)."""
+        self.registry.register(_EngineCollector(stats))
+
     def observe_item(
         self, route: str | None, consensus: float, stages_ms: dict[str, float], degraded: bool, error: bool
     ) -> None:
@@ -80,3 +90,24 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._stats()
+        counters = {
+            "egrm_engine_batches": ("Model-thread rounds that ran requests.", s.batches),
+            "egrm_engine_batched_requests": (
+                "Engine jobs run, summed over rounds (/ batches = mean batch).",
+                s.batched_requests,
+            ),
+            "egrm_engine_batched_branches": ("Branches run, summed over rounds.", s.batched_branches),
+            "egrm_engine_decode_steps": ("Decode forwards after the prefill.", s.decode_steps),
+            "egrm_prefix_cache_hit_tokens": ("Prompt tokens served from the prefix cache.", s.prefix_cache_hit_tokens),
+        }
+        for name, (doc, value) in counters.items():
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily("egrm_engine_queue_depth", "Jobs waiting for the model thread.", value=s.queue_depth)

@@ -38,6 +38,12 @@ async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float
     return elapsed, r.json()["results"][0]["timings"]["sample_ms"]
 
 
+async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    wanted = ("egrm_engine_batches_total", "egrm_engine_batched_requests_total")
+    text = (await client.get(f"{url}/metrics")).text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(wanted)}
+
+
 async def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
     latencies: list[float] = []
     overheads: list[float] = []
@@ -52,15 +58,20 @@ async def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits) as client:
         await one(client, url, 10_000)  # warm-up
+        before = await engine_counters(client, url)
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         wall = time.perf_counter() - start
+        after = await engine_counters(client, url)
+    batches = after["egrm_engine_batches_total"] - before["egrm_engine_batches_total"]
+    jobs = after["egrm_engine_batched_requests_total"] - before["egrm_engine_batched_requests_total"]
     return {
         "requests": requests,
         "rps": round(requests / wall, 2),
         "p50_ms": round(statistics.median(latencies), 1),
         "p99_ms": round(percentile(latencies, 0.99), 1),
         "overhead_p50_ms": round(statistics.median(overheads), 2),
+        "mean_engine_batch": round(jobs / batches, 2) if batches else None,
     }
 
 

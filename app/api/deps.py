@@ -1,4 +1,8 @@
-"""Typed access to what the lifespan put on app.state."""
+"""Typed access to what the lifespan put on app.state.
+
+Async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a thread hop per
+request for a dictionary lookup.
+"""
 
 from __future__ import annotations
 
@@ -11,15 +15,15 @@ from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def _pipeline(request: Request) -> RewardPipeline:
+async def _pipeline(request: Request) -> RewardPipeline:
     return request.app.state.pipeline
 
 
-def _metrics(request: Request) -> Metrics:
+async def _metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 

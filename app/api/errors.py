@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.engines.base import EngineBusyError
 from app.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,10 @@ def _http(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
+def _busy(_: Request, exc: Exception) -> JSONResponse:
+    return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
+
+
 def _unhandled(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
@@ -70,4 +75,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(EngineBusyError, _busy)
     app.add_exception_handler(Exception, _unhandled)

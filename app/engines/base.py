@@ -62,6 +62,18 @@ class Branch:
         return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
 
 
+@dataclass(slots=True)
+class EngineStats:
+    """Counters an engine fills as it works; metrics.py turns them into Prometheus series."""
+
+    batches: int = 0  # model-thread rounds that ran at least one request
+    batched_requests: int = 0  # sample and continue jobs across those rounds
+    batched_branches: int = 0
+    decode_steps: int = 0  # forwards after the prefill
+    prefix_cache_hit_tokens: int = 0  # prompt tokens copied from the prefix cache, not computed
+    queue_depth: int = 0  # jobs waiting for the model thread (a reading, not a counter)
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A backend that forks M branches from one cached prefix and decodes them together."""
@@ -85,6 +97,8 @@ class Engine(Protocol):
         """Append `text` to each branch (from its own cache) and decode further."""
         ...
 
+    def stats(self) -> EngineStats: ...
+
     async def ready(self) -> bool: ...
 
     async def close(self) -> None: ...
@@ -92,3 +106,7 @@ class Engine(Protocol):
 
 class ContextLengthError(ValueError):
     """The prompt plus the tokens asked for do not fit the model's context."""
+
+
+class EngineBusyError(RuntimeError):
+    """The engine's queue is full; the caller should retry later (HTTP 429)."""

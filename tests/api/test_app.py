@@ -116,3 +116,24 @@ def test_item_too_long_for_the_model_gets_its_own_error(client):
 def test_health_and_readiness(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+
+
+def test_a_full_engine_queue_gives_429_with_retry_after(loaded_fp32):
+    from app.engines.embedded.engine import EmbeddedEngine
+    from tests.engines.test_batching import hold_model_thread
+
+    engine = EmbeddedEngine(loaded_fp32, max_queue=1)
+    try:
+        with TestClient(create_app(Settings(), engine=engine)) as c:
+            release = hold_model_thread(engine)
+            queued = engine._scheduler.call(lambda: None)  # the one queue slot is taken
+            r = post(c, {"items": [ITEM]})
+            release.set()
+            queued.result(timeout=10)
+            assert r.status_code == 429 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["type"] == "rate_limit_error"
+            assert post(c, {"items": [ITEM]}).status_code == 200  # and it recovers
+    finally:
+        import asyncio
+
+        asyncio.run(engine.close())

@@ -62,7 +62,9 @@ def test_constrained_choice_always_yields_an_allowed_answer(any_engine, prefix, 
 
 def test_token_accounting_is_exact(any_engine, prefix):
     n_prefix = any_engine.count_tokens(prefix)
-    branches = run(any_engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)]))
+    branches = run(
+        any_engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)])
+    )
     assert [b.prompt_tokens for b in branches] == [n_prefix] * 3
     # One prefill: the first branch computed the prefix, the others reused its KV.
     assert [b.cached_prompt_tokens for b in branches] == [0, n_prefix, n_prefix]

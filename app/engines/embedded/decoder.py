@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from app.engines.base import BranchParams, FinishReason
+from app.engines.base import BranchParams, EngineStats, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
 from app.engines.embedded.sampler import sample
 
@@ -108,6 +108,7 @@ def decode(
     rows: Sequence[int],
     params: Sequence[BranchParams],
     logits: torch.Tensor,
+    stats: EngineStats | None = None,
 ) -> list[RowRun]:
     """Decode the given fork rows together until each finishes; logits (M, V) start the loop."""
     runs = [_start(tokenizer, row, p) for row, p in zip(rows, params, strict=True)]
@@ -146,6 +147,8 @@ def decode(
         active = still
         if active:
             logits = fork.extend(feed)
+            if stats is not None:
+                stats.decode_steps += 1
     for r in runs:
         if r.text is None:
             r.text = decode_text(tokenizer, r.tokens)

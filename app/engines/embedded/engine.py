@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.engines.base import Branch, BranchParams, ContextLengthError
+from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
 from app.engines.embedded import lean_llama
 from app.engines.embedded.decoder import RowRun, decode
 from app.engines.embedded.fork import BranchRef, ForkState
@@ -42,6 +42,7 @@ class EmbeddedEngine:
         prefix_cache: keep the KV of prompt heads that requests share (lean forward only).
         """
         self.layout = Layout(layout)
+        self._stats = EngineStats()
         self._scheduler = Scheduler(self._run_batch, max_queue, max_batch_branches, batch_window_ms)
         try:
             self._scheduler.call(lambda: self._setup(model, lean, prefix_cache)).result()
@@ -134,7 +135,16 @@ class EmbeddedEngine:
 
     # --- on the model thread -------------------------------------------------------------
 
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self._scheduler.depth
+        if self.prefix_cache is not None:
+            self._stats.prefix_cache_hit_tokens = self.prefix_cache.hit_tokens
+        return self._stats
+
     def _run_batch(self, jobs: Sequence[Job]) -> None:
+        self._stats.batches += 1
+        self._stats.batched_requests += len(jobs)
+        self._stats.batched_branches += sum(j.branches for j in jobs)
         samples = [j for j in jobs if isinstance(j, SampleJob)]
         if samples:
             self._run_samples(samples)
@@ -156,7 +166,9 @@ class EmbeddedEngine:
     def _run_samples(self, jobs: list[SampleJob]) -> None:
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
-            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, range(fork.rows), params, fork.last_logits)
+            runs = decode(
+                fork, self._m.tokenizer, self._m.eos_ids, range(fork.rows), params, fork.last_logits, self._stats
+            )
             reused = fork.reused if isinstance(fork, PackedFork) else [0]
             for g, (job, mine) in enumerate(zip(group, _split(runs, group), strict=True)):
                 # The prefix was computed once: the first branch paid for it (less any head served
@@ -192,7 +204,7 @@ class EmbeddedEngine:
             logits = fork.extend(feed)
             rows = [r for j in ready for r in j.rows]
             params = [p for j in ready for p in j.params]
-            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits)
+            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, self._stats)
             for job, mine in zip(ready, _split(runs, ready), strict=True):
                 job.future.set_result(
                     [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]

@@ -5,8 +5,8 @@ as the matmuls at batch 5, and its cache grows by concatenation. This forward lo
 weights (fused QKV and gate/up projections), writes each new K/V into a preallocated slot,
 lets the caller say which cached slots each query may see (a boolean mask: that is how
 branches share one prefix, in one sequence or in a batch), and computes logits only where
-asked. Numerics follow transformers' llama (fp32 RMSNorm, fp32 RoPE tables cast to the model
-dtype, SDPA with grouped-query attention), so fp32 outputs match it.
+asked. Numerics follow transformers' llama (RMSNorm statistics and RoPE tables in fp32, SDPA
+with grouped-query attention), so fp32 outputs match it.
 """
 
 from __future__ import annotations
@@ -114,10 +114,9 @@ class LeanLlama:
         return KVCache(len(self.layers), rows, self.kv_heads, capacity, self.head_dim, self.dtype, self.device)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # As transformers' LlamaRMSNorm: statistics in fp32, scale in the model dtype.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
+        # torch's fused kernel: equal to transformers' LlamaRMSNorm in fp32; in bf16 it rounds once
+        # (after the scale) where transformers rounds twice, and costs 25% less.
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq  # (S, Q, hd/2)
@@ -154,9 +153,8 @@ class LeanLlama:
         h = F.embedding(ids, self.embed)  # (S, Q, D)
         for i, w in enumerate(self.layers):
             qkv = F.linear(self._norm(h, w.attn_norm), w.qkv).view(S, Q, H + 2 * KVH, hd).transpose(1, 2)
-            q = self._rotate(qkv[:, :H], cos, sin)  # (S, H, Q, hd)
-            k = self._rotate(qkv[:, H : H + KVH], cos, sin)  # (S, KVH, Q, hd)
-            v = qkv[:, H + KVH :]
+            qk = self._rotate(qkv[:, : H + KVH], cos, sin)  # queries and keys in one pass
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH :]  # (S, H, Q, hd), (S, KVH, Q, hd) x2
             # (S, Q) advanced indices around a slice: the assigned value is laid out (S, Q, KVH, hd).
             cache.keys[i][rows, :, slots] = k.transpose(1, 2)
             cache.values[i][rows, :, slots] = v.transpose(1, 2)

@@ -23,13 +23,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engines.base import BranchParams
+from app.engines.base import BranchParams, EngineBusyError
 
 log = logging.getLogger(__name__)
-
-
-class QueueFullError(RuntimeError):
-    """More jobs are waiting than the queue admits; the caller should retry later."""
 
 
 @dataclass(slots=True)
@@ -87,7 +83,7 @@ class Scheduler:
 
     def submit(self, job: Job) -> Future:
         if self._queue.qsize() >= self._max_queue:
-            raise QueueFullError(f"engine queue is full ({self._max_queue} jobs waiting)")
+            raise EngineBusyError(f"engine queue is full ({self._max_queue} jobs waiting)")
         self._queue.put(job)
         return job.future
 
@@ -115,7 +111,7 @@ class Scheduler:
                 wait = deadline - time.monotonic()
                 job = (
                     self._queue.get(timeout=wait)
-                    if wait > 0 and len(batch) < self._last_size
+                    if wait > 0 and len(batch) <= self._last_size
                     else self._queue.get_nowait()
                 )
             except queue.Empty:

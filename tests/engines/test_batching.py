@@ -1,0 +1,125 @@
+"""Layouts, request batching and the prefix cache change the cost, never the greedy output (fp32)."""
+
+import asyncio
+import threading
+
+import pytest
+
+from app.engines.base import BranchParams, EngineBusyError
+from app.engines.embedded.engine import EmbeddedEngine
+from app.engines.embedded.scheduler import ContinueJob, SampleJob
+
+pytestmark = pytest.mark.slow
+
+GREEDY = BranchParams(temperature=0, max_new_tokens=12)
+QUESTIONS = ["Why is the sea salty?", "Name a prime number above 50.", "What does a judge do in court? Be brief."]
+
+
+def prompts(engine: EmbeddedEngine) -> list[list[int]]:
+    return [engine.encode(engine.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
+
+
+def hold_model_thread(engine: EmbeddedEngine) -> threading.Event:
+    """Occupy the model thread until the returned event is set."""
+    started, release = threading.Event(), threading.Event()
+    engine._scheduler.call(lambda: (started.set(), release.wait()))
+    started.wait(timeout=10)
+    return release
+
+
+@pytest.fixture(scope="module")
+def plain(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32, layout="batch", prefix_cache=False)
+    yield engine
+    asyncio.run(engine.close())
+
+
+def test_one_sequence_equals_batch_and_stores_the_prefix_once(loaded_fp32, plain):
+    seq = EmbeddedEngine(loaded_fp32, layout="sequence", prefix_cache=False)
+    try:
+        ids = prompts(plain)[0]
+        batched = asyncio.run(plain.sample(ids, [GREEDY] * 5))
+        packed = asyncio.run(seq.sample(ids, [GREEDY] * 5))
+    finally:
+        asyncio.run(seq.close())
+    assert [b.token_ids for b in packed] == [b.token_ids for b in batched]
+    new = sum(b.completion_tokens for b in batched)
+    cfg = loaded_fp32.model.config
+    per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    # Batch rows each hold a copy of the prefix; one sequence holds it once. The last token of
+    # each branch is sampled but not yet fed, so it has no slot in either layout.
+    assert batched[0].handle.fork.kv_bytes == per_slot * (5 * len(ids) + new - 5)
+    assert packed[0].handle.fork.kv_bytes == per_slot * (len(ids) + new - 5)
+
+
+def test_requests_batched_together_equal_requests_run_alone(plain):
+    ids = prompts(plain)
+    alone = [asyncio.run(plain.sample(p, [GREEDY] * 2)) for p in ids]
+    jobs = [SampleJob(p, [GREEDY] * 2) for p in ids]
+    plain._run_batch(jobs)  # one round on this thread: three prefixes of different lengths, one fork
+    together = [j.future.result() for j in jobs]
+    assert [[b.token_ids for b in r] for r in together] == [[b.token_ids for b in r] for r in alone]
+    assert len({id(r[0].handle.fork) for r in together}) == 1  # they really shared one fork
+    # Continuations of two requests of that fork merge into one round too.
+    more = BranchParams(temperature=0, max_new_tokens=6)
+    conts = [ContinueJob(r[0].handle.fork, [b.handle.row for b in r], " So", [more, more]) for r in together[:2]]
+    plain._run_batch(conts)
+    merged = [[b.token_ids for b in c.future.result()] for c in conts]
+    separate = [
+        [b.token_ids for b in asyncio.run(plain.continue_branches([x.handle for x in r], " So", [more, more]))]
+        for r in alone[:2]
+    ]
+    assert merged == separate
+
+
+def test_concurrent_calls_through_the_async_api(plain):
+    ids = prompts(plain)
+
+    async def all_at_once():
+        return await asyncio.gather(*(plain.sample(p, [GREEDY]) for p in ids * 2))
+
+    results = asyncio.run(all_at_once())
+    alone = [asyncio.run(plain.sample(p, [GREEDY]))[0].token_ids for p in ids]
+    assert [r[0].token_ids for r in results] == alone * 2
+
+
+def test_prefix_cache_serves_the_shared_head_with_the_same_output(loaded_fp32, plain):
+    cached = EmbeddedEngine(loaded_fp32, layout="sequence")
+    try:
+        ids = prompts(cached)
+        first = [asyncio.run(cached.sample(p, [GREEDY])) for p in ids]  # learns the shared head
+        again = [asyncio.run(cached.sample(p, [GREEDY])) for p in ids]
+        assert cached.prefix_cache is not None and cached.prefix_cache.hits > 0
+    finally:
+        asyncio.run(cached.close())
+    reference = [asyncio.run(plain.sample(p, [GREEDY]))[0].token_ids for p in ids]
+    assert [r[0].token_ids for r in first] == reference == [r[0].token_ids for r in again]
+    # The cache hit is reported as cached prompt tokens on the first branch.
+    assert all(r[0].cached_prompt_tokens > 0 for r in again)
+
+
+def test_a_full_queue_refuses_at_once(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32, max_queue=1)
+    try:
+        busy = hold_model_thread(engine)
+        waiting = engine._scheduler.call(lambda: None)  # fills the queue (1 slot)
+        with pytest.raises(EngineBusyError):
+            asyncio.run(engine.sample(prompts(engine)[0], [GREEDY]))
+        busy.set()
+        waiting.result(timeout=10)
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_a_cancelled_caller_costs_no_model_work(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32)
+    try:
+        hold = hold_model_thread(engine)
+        job = SampleJob(prompts(engine)[0], [GREEDY])
+        engine._scheduler.submit(job)
+        job.future.cancel()  # the caller went away while it waited
+        hold.set()
+        engine.run_on_model_thread(lambda: None)  # everything before it has been handled
+        assert job.future.cancelled() and engine.stats().batches == 0
+    finally:
+        asyncio.run(engine.close())
