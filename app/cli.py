@@ -16,7 +16,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=args.log_level)
+    # On SIGTERM uvicorn stops accepting, lets in-flight requests finish (up to the grace), then
+    # the lifespan closes the engine, which runs what is still queued before it stops.
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+    )
     return 0
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_M = 16
@@ -26,7 +27,8 @@ def temperature_ladder(m: int, low: float = 0.6, high: float = 1.0) -> list[floa
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EGRM_", extra="ignore")
+    # Env values are not JSON-decoded up front, so list fields accept "a,b" as well (_comma_list).
+    model_config = SettingsConfigDict(env_prefix="EGRM_", extra="ignore", enable_decoding=False)
 
     host: str = Field("127.0.0.1", description="Bind address; loopback unless exposed on purpose.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
@@ -57,6 +59,29 @@ class Settings(BaseSettings):
     template: Literal["verdict", "score", "pairwise"] = Field("verdict", description="Default judge template.")
     long_max_tokens: int = Field(96, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
     max_items: int = Field(256, ge=1, description="Most items in one request.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
+    max_prompt_tokens: int = Field(
+        4096, ge=16, description="Most tokens one rendered judge prompt may have (prompt, response, template)."
+    )
+    request_timeout_s: float = Field(300.0, gt=0, description="Per-request deadline; past it, 504 and work cancelled.")
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Bearer keys; empty = no authentication. Env: a comma-separated list or a JSON array.",
+    )
+    open_paths: list[str] = Field(
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
+        description="Paths served without a key when keys are set. Env: comma-separated or JSON.",
+    )
+    shutdown_grace_s: int = Field(60, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
+
+    @field_validator("api_keys", "open_paths", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.strip().startswith("["):
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @model_validator(mode="after")
     def _check_model_path(self) -> Settings:

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from app.api import health, rewards
 from app.api.errors import install_error_handlers
+from app.api.guards import GuardMiddleware
 from app.config import Settings
 from app.engines.base import Engine
 from app.metrics import Metrics
@@ -62,6 +63,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
 
     app = FastAPI(title="egrm", version="0.1.0", summary="Routed generative reward scoring (E-GRM)", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(
+        GuardMiddleware,
+        api_keys=settings.api_keys,
+        open_paths=settings.open_paths,
+        max_body_bytes=settings.max_body_bytes,
+    )
     app.include_router(rewards.router)
     app.include_router(health.router)
     return app

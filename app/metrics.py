@@ -59,6 +59,9 @@ class Metrics:
             "egrm_scorer_fallback_total", "Long-path items degraded to a vote: the scorer failed.", registry=r
         )
         self.in_flight = Gauge("egrm_requests_in_flight", "Requests being served.", registry=r)
+        self.cancelled = Counter(
+            "egrm_cancelled_requests_total", "Requests whose work was cancelled, by reason.", ["reason"], registry=r
+        )
 
     def watch_engine(self, stats: Callable[[], EngineStats]) -> None:
         """Read the engine's counters at every scrape (they live on the model thread)."""

@@ -21,8 +21,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(env: dict[str, str] | None = None, ready_timeout_s: float = 120) -> Iterator[str]:
-    """Yield the base URL of a ready server; stop it on exit. Its log goes to a temp file."""
+def server_process(
+    env: dict[str, str] | None = None, ready_timeout_s: float = 120
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (base URL, process) of a ready server; stop it on exit. Its log goes to a temp file."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="egrm-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen(
@@ -34,13 +36,21 @@ def running_server(env: dict[str, str] | None = None, ready_timeout_s: float = 1
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(proc, url, ready_timeout_s, log.name)
-        yield url
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextmanager
+def running_server(env: dict[str, str] | None = None, ready_timeout_s: float = 120) -> Iterator[str]:
+    """Yield the base URL of a ready server; stop it on exit."""
+    with server_process(env, ready_timeout_s) as (url, _):
+        yield url
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: str) -> None:

@@ -23,6 +23,10 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.type = status, message, param, type
 
 
+class ClientGoneError(Exception):
+    """The client disconnected; nobody reads the answer."""
+
+
 def error_response(
     status: int, type: str, message: str, param: str | None = None, headers: dict | None = None
 ) -> JSONResponse:
@@ -62,6 +66,11 @@ def _http(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None))
 
 
+def _client_gone(_: Request, exc: Exception) -> JSONResponse:
+    # Nobody reads this; 499 (nginx's "client closed request") keeps access logs honest.
+    return error_response(499, "client_closed", "the client closed the connection; its work was cancelled")
+
+
 def _busy(_: Request, exc: Exception) -> JSONResponse:
     return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
 
@@ -76,4 +85,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(EngineBusyError, _busy)
+    app.add_exception_handler(ClientGoneError, _client_gone)
     app.add_exception_handler(Exception, _unhandled)

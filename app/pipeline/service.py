@@ -29,6 +29,10 @@ class RewardPipeline:
         except ValueError as exc:  # e.g. the prompt does not fit the model's context
             return ItemResult(reward=None, answer=None, route=None, consensus=0.0, votes={}, error=str(exc))
 
+    def prompt_tokens(self, item: JudgeItem, template: str) -> int:
+        """Tokens of the judge prompt this item renders to (what the engine will prefill)."""
+        return self.engine.count_tokens(self.engine.render_chat(get_template(template).messages(item)))
+
     async def score_item(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
         start = time.perf_counter()
         template = get_template(options.template)

@@ -104,13 +104,36 @@ def test_seeded_requests_are_reproducible(client):
     assert first["samples"] == second["samples"]
 
 
-def test_item_too_long_for_the_model_gets_its_own_error(client):
-    huge = {"prompt": "word " * 9000, "response": "4"}
-    r = post(client, {"items": [ITEM, huge], "options": {"path": "short"}})
+def test_prompt_over_the_token_limit_is_refused_naming_the_item(client):
+    huge = {"prompt": "word " * 5000, "response": "4"}
+    r = post(client, {"items": [ITEM, huge]})
+    assert_error(r, 413, "items[1]")
+    assert "EGRM_MAX_PROMPT_TOKENS" in r.json()["error"]["message"]
+
+
+def test_item_too_long_for_the_model_gets_its_own_error(engine):
+    # With the request limit above the model's context, the engine's own check answers per item.
+    with TestClient(create_app(Settings(max_prompt_tokens=100_000), engine=engine)) as c:
+        r = post(c, {"items": [ITEM, {"prompt": "word " * 9000, "response": "4"}], "options": {"path": "short"}})
     assert r.status_code == 200
     ok, bad = r.json()["results"]
     assert ok["error"] is None and ok["reward"] is not None
     assert bad["reward"] is None and bad["error"]["param"] == "items[1]" and "context" in bad["error"]["message"]
+
+
+def test_odd_unicode_empty_and_large_strings(client):
+    r = client.post(
+        "/v1/rewards",
+        content=b'{"items": [{"prompt": "bad \\ud800 text", "response": "x"}]}',
+        headers={"content-type": "application/json"},
+    )
+    assert_error(r, 422, "items[0].prompt")  # a lone surrogate: not valid Unicode
+    odd = {
+        "prompt": "Wie viel ist 2+2? \u0000 \u202e ZWJ:\u200d emoji: \U0001f600 CJK: \u4e8c\u52a0\u4e8c",
+        "response": "",
+    }
+    (result,) = post(client, {"items": [odd], "options": {"path": "short"}}).json()["results"]
+    assert result["error"] is None and result["answer"] in ("Yes", "No")
 
 
 def test_health_and_readiness(client):

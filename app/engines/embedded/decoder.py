@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -109,6 +109,7 @@ def decode(
     params: Sequence[BranchParams],
     logits: torch.Tensor,
     stats: EngineStats | None = None,
+    abandoned: Callable[[], set[int]] | None = None,
 ) -> list[RowRun]:
     """Decode the given fork rows together until each finishes; logits (M, V) start the loop."""
     runs = [_start(tokenizer, row, p) for row, p in zip(rows, params, strict=True)]
@@ -119,7 +120,15 @@ def decode(
     for r in runs:
         temperatures[r.row], top_ps[r.row] = r.params.temperature, r.params.top_p
     active = list(runs)
+    position = {id(r): i for i, r in enumerate(runs)}
     while active:
+        if abandoned is not None and (gone := abandoned()):
+            for r in active:
+                if position[id(r)] in gone:
+                    r.finish = FinishReason.LENGTH  # nobody reads it; stop paying for it
+            active = [r for r in active if position[id(r)] not in gone]
+            if not active:
+                break
         draws = [0.0] * fork.rows
         for r in active:
             draws[r.row] = r.rng.random()

@@ -87,8 +87,13 @@ class EmbeddedEngine:
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
 
-    async def _submit(self, job: Job) -> list[Branch]:
-        return await asyncio.wrap_future(self._scheduler.submit(job))
+    async def _submit(self, job: SampleJob | ContinueJob) -> list[Branch]:
+        future = self._scheduler.submit(job)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            job.abandoned.set()  # a queued job is skipped; a running one stops at its next step
+            raise
 
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
         if not branches:
@@ -167,7 +172,14 @@ class EmbeddedEngine:
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
             runs = decode(
-                fork, self._m.tokenizer, self._m.eos_ids, range(fork.rows), params, fork.last_logits, self._stats
+                fork,
+                self._m.tokenizer,
+                self._m.eos_ids,
+                range(fork.rows),
+                params,
+                fork.last_logits,
+                self._stats,
+                _abandoned_rows(group),
             )
             reused = fork.reused if isinstance(fork, PackedFork) else [0]
             for g, (job, mine) in enumerate(zip(group, _split(runs, group), strict=True)):
@@ -204,7 +216,9 @@ class EmbeddedEngine:
             logits = fork.extend(feed)
             rows = [r for j in ready for r in j.rows]
             params = [p for j in ready for p in j.params]
-            runs = decode(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, self._stats)
+            runs = decode(
+                fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, self._stats, _abandoned_rows(ready)
+            )
             for job, mine in zip(ready, _split(runs, ready), strict=True):
                 job.future.set_result(
                     [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]
@@ -236,6 +250,21 @@ class EmbeddedEngine:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._scheduler.close)
+
+
+def _abandoned_rows(jobs: Sequence[SampleJob] | Sequence[ContinueJob]) -> Callable[[], set[int]]:
+    """Positions (in the order decode() got its rows) of branches whose caller has gone."""
+
+    def positions() -> set[int]:
+        gone: set[int] = set()
+        start = 0
+        for job in jobs:
+            if job.abandoned.is_set():
+                gone.update(range(start, start + job.branches))
+            start += job.branches
+        return gone
+
+    return positions
 
 
 def _split(runs: list[RowRun], jobs: Sequence[Job]) -> list[list[RowRun]]:

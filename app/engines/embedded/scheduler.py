@@ -33,6 +33,9 @@ class SampleJob:
     ids: list[int]
     params: list[BranchParams]
     future: Future = field(default_factory=Future)
+    # Set when the caller stops waiting (client gone, deadline): the decode loop drops the
+    # job's branches at the next step instead of finishing them.
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
     @property
     def branches(self) -> int:
@@ -46,6 +49,7 @@ class ContinueJob:
     text: str
     params: list[BranchParams]
     future: Future = field(default_factory=Future)
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
     @property
     def branches(self) -> int:

@@ -1,0 +1,140 @@
+"""Failure modes against real server processes: auth, limits, deadlines, disconnects, shutdown."""
+
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from loadtest.serverproc import running_server, server_process
+
+pytestmark = pytest.mark.slow
+
+SHORT = {"items": [{"prompt": "What is 2+2?", "response": "4"}], "options": {"path": "short"}}
+LONG = {"items": [{"prompt": "Why is the sky blue?", "response": "Rayleigh scattering."}], "options": {"path": "long"}}
+
+
+def metric(url: str, series: str) -> float:
+    """The value of one series, e.g. 'egrm_requests_in_flight' or 'x_total{reason="deadline"}'."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    return 0.0
+
+
+def _steady(url: str, series: str) -> bool:
+    before = metric(url, series)
+    time.sleep(0.5)
+    return metric(url, series) == before
+
+
+def wait_for(predicate, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def guarded_server(model_path):
+    env = {"EGRM_MODEL": str(model_path), "EGRM_API_KEYS": "key-one,key-two", "EGRM_MAX_BODY_BYTES": "4096"}
+    with running_server(env) as url:
+        yield url
+
+
+def test_api_keys(guarded_server):
+    url = guarded_server
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic key-one"}):
+        r = httpx.post(f"{url}/v1/rewards", json=SHORT, headers=headers, timeout=30)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"] == {
+            "type": "authentication_error",
+            "message": "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            "param": "Authorization",
+        }
+    for key in ("key-one", "key-two"):
+        r = httpx.post(f"{url}/v1/rewards", json=SHORT, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert r.status_code == 200
+    # Health and metrics stay open (EGRM_OPEN_PATHS); docs and everything else need a key.
+    assert httpx.get(f"{url}/healthz").status_code == 200 and httpx.get(f"{url}/metrics").status_code == 200
+    assert httpx.get(f"{url}/openapi.json").status_code == 401
+
+
+def test_body_limit_declared_and_chunked(guarded_server):
+    url, auth = guarded_server, {"Authorization": "Bearer key-one"}
+    big = {"items": [{"prompt": "x" * 5000, "response": "y"}]}
+    r = httpx.post(f"{url}/v1/rewards", json=big, headers=auth, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+
+    def chunks():  # no Content-Length: the server counts what arrives
+        yield b'{"items": [{"prompt": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'", "response": "y"}]}'
+
+    r = httpx.post(f"{url}/v1/rewards", content=chunks(), headers={**auth, "content-type": "application/json"})
+    assert r.status_code == 413 and "EGRM_MAX_BODY_BYTES" in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/rewards", json=SHORT, headers=auth, timeout=60).status_code == 200
+
+
+def test_deadline_gives_504_and_the_service_goes_on(model_path):
+    with running_server({"EGRM_MODEL": str(model_path), "EGRM_REQUEST_TIMEOUT_S": "0.5"}) as url:
+        r = httpx.post(f"{url}/v1/rewards", json=LONG, timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        assert metric(url, 'egrm_cancelled_requests_total{reason="deadline"}') == 1
+        assert httpx.post(f"{url}/v1/rewards", json=SHORT, timeout=60).status_code == 200
+
+
+def test_a_client_that_disconnects_has_its_work_cancelled(model_path):
+    with running_server({"EGRM_MODEL": str(model_path)}) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/rewards", json=LONG, timeout=0.5)  # gives up and closes the socket
+        assert wait_for(lambda: metric(url, 'egrm_cancelled_requests_total{reason="disconnect"}') == 1)
+        # The long path stopped: its decode steps stop growing long before the 96 reasoning tokens
+        # it was asked for (the engine drops an abandoned job at its next step).
+        assert wait_for(lambda: metric(url, "egrm_requests_in_flight") == 0, 10)
+        assert wait_for(lambda: _steady(url, "egrm_engine_decode_steps_total"), 10)
+        assert metric(url, "egrm_engine_decode_steps_total") < 60
+        assert httpx.post(f"{url}/v1/rewards", json=SHORT, timeout=60).status_code == 200
+
+
+def test_shutdown_drains_in_flight_requests(model_path):
+    with server_process({"EGRM_MODEL": str(model_path)}) as (url, proc):
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(httpx.post, f"{url}/v1/rewards", json=LONG, timeout=120)
+            assert wait_for(lambda: metric(url, "egrm_requests_in_flight") == 1, 30)
+            proc.send_signal(signal.SIGTERM)
+            r = slow.result()
+        assert r.status_code == 200 and r.json()["results"][0]["route"] == "long"
+        # uvicorn re-raises the signal once its graceful shutdown is done.
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        host, port = url.removeprefix("http://").split(":")
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=2)
+
+
+def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from app.config import Settings
+    from app.main import create_app
+
+    original = engine._run_samples
+    calls = {"n": 0}
+
+    def fails_once(jobs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated kernel failure")
+        return original(jobs)
+
+    monkeypatch.setattr(engine, "_run_samples", fails_once)
+    with TestClient(create_app(Settings(), engine=engine), raise_server_exceptions=False) as c:
+        r = c.post("/v1/rewards", json=SHORT)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
+        assert c.post("/v1/rewards", json=SHORT).status_code == 200
