@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model serve test lint typecheck bench clean
+.PHONY: install model serve test lint typecheck bench loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ bench: model  ## every benchmark, one JSON line each
 	$(BIN)/python -m loadtest.bench_parallel --json
 	$(BIN)/python -m loadtest.bench_concurrency --json
 	$(BIN)/python -m loadtest.bench_latency
+
+loadtest: model  ## locust against a fresh server; reports/ gets CSV + HTML; fails on any error
+	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),16) --run-time $(or $(RUN_TIME),60s)
+
+soak: model  ## steady load for DURATION seconds (default 600): RSS, errors, latency (JSON)
+	$(BIN)/python -m loadtest.soak --duration $(or $(DURATION),600)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -35,8 +35,11 @@ class RewardOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     m: int | None = Field(None, ge=1, le=MAX_M, description="Parallel samples; default EGRM_M.")
-    temperatures: list[float] | None = Field(
-        None, description="One temperature per sample (length m); default a 0.6..1.0 ladder."
+    temperatures: list[Annotated[float, Field(ge=0.0, le=2.0)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_M,
+        description="One temperature per sample, each in [0, 2] (length m); default a 0.6..1.0 ladder.",
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     tau: float | None = Field(None, ge=0.0, le=1.0, description="Consensus threshold.")
@@ -50,10 +53,6 @@ class RewardOptions(BaseModel):
     def _check_temperatures(cls, temps: list[float] | None, info: ValidationInfo) -> list[float] | None:
         if temps is None:
             return temps
-        if not temps or len(temps) > MAX_M:
-            raise ValueError(f"must hold 1 to {MAX_M} values, got {len(temps)}")
-        if any(not (0.0 <= t <= 2.0) for t in temps):
-            raise ValueError("every temperature must be in [0, 2]")
         m = info.data.get("m")
         if m is not None and len(temps) != m:
             raise ValueError(f"must have length m={m}, got {len(temps)}")

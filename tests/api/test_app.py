@@ -39,7 +39,7 @@ def assert_error(response, status: int, param: str):
         ({"items": [ITEM], "options": {"m": 17}}, "options.m"),
         ({"items": [ITEM], "options": {"m": 0}}, "options.m"),
         ({"items": [ITEM], "options": {"m": 3, "temperatures": [0.5]}}, "options.temperatures"),
-        ({"items": [ITEM], "options": {"temperatures": [3.0]}}, "options.temperatures"),
+        ({"items": [ITEM], "options": {"temperatures": [3.0]}}, "options.temperatures[0]"),
         ({"items": [ITEM], "options": {"tau": 1.5}}, "options.tau"),
         ({"items": [ITEM], "options": {"top_p": 0}}, "options.top_p"),
         ({"items": [ITEM], "options": {"path": "medium"}}, "options.path"),

@@ -124,16 +124,16 @@ def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatc
     from app.config import Settings
     from app.main import create_app
 
-    original = engine._run_samples
+    original = engine._new_forks
     calls = {"n": 0}
 
-    def fails_once(jobs):
+    def fails_once(jobs):  # the first prefill fails, inside its round on the model thread
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("simulated kernel failure")
         return original(jobs)
 
-    monkeypatch.setattr(engine, "_run_samples", fails_once)
+    monkeypatch.setattr(engine, "_new_forks", fails_once)
     with TestClient(create_app(Settings(), engine=engine), raise_server_exceptions=False) as c:
         r = c.post("/v1/rewards", json=SHORT)
         assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"

@@ -27,6 +27,13 @@ def hold_model_thread(engine: EmbeddedEngine) -> threading.Event:
     return release
 
 
+def run_rounds(engine: EmbeddedEngine, jobs) -> None:
+    """What the model thread does with jobs admitted together, here, to the end."""
+    for step, _ in engine._run_batch(jobs):
+        for _ in step:
+            pass
+
+
 @pytest.fixture(scope="module")
 def plain(loaded_fp32):
     engine = EmbeddedEngine(loaded_fp32, layout="batch", prefix_cache=False)
@@ -56,14 +63,14 @@ def test_requests_batched_together_equal_requests_run_alone(plain):
     ids = prompts(plain)
     alone = [asyncio.run(plain.sample(p, [GREEDY] * 2)) for p in ids]
     jobs = [SampleJob(p, [GREEDY] * 2) for p in ids]
-    plain._run_batch(jobs)  # one round on this thread: three prefixes of different lengths, one fork
+    run_rounds(plain, jobs)  # on this thread: three prefixes of different lengths, one fork
     together = [j.future.result() for j in jobs]
     assert [[b.token_ids for b in r] for r in together] == [[b.token_ids for b in r] for r in alone]
     assert len({id(r[0].handle.fork) for r in together}) == 1  # they really shared one fork
     # Continuations of two requests of that fork merge into one round too.
     more = BranchParams(temperature=0, max_new_tokens=6)
     conts = [ContinueJob(r[0].handle.fork, [b.handle.row for b in r], " So", [more, more]) for r in together[:2]]
-    plain._run_batch(conts)
+    run_rounds(plain, conts)
     merged = [[b.token_ids for b in c.future.result()] for c in conts]
     separate = [
         [b.token_ids for b in asyncio.run(plain.continue_branches([x.handle for x in r], " So", [more, more]))]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -101,7 +101,17 @@ def _finish_reason(run: RowRun, tokenizer: PreTrainedTokenizerBase) -> FinishRea
     return None
 
 
-def decode(
+def decode(*args: Any, **kwargs: Any) -> list[RowRun]:
+    """decode_steps() run to the end, for callers that do not interleave."""
+    steps = decode_steps(*args, **kwargs)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def decode_steps(
     fork: Fork,
     tokenizer: PreTrainedTokenizerBase,
     eos_ids: frozenset[int],
@@ -110,8 +120,11 @@ def decode(
     logits: torch.Tensor,
     stats: EngineStats | None = None,
     abandoned: Callable[[], set[int]] | None = None,
-) -> list[RowRun]:
-    """Decode the given fork rows together until each finishes; logits (M, V) start the loop."""
+) -> Generator[None, None, list[RowRun]]:
+    """Decode the given fork rows together until each finishes; logits (M, V) start the loop.
+
+    Yields after every forward, so the model thread can admit new requests between steps.
+    """
     runs = [_start(tokenizer, row, p) for row, p in zip(rows, params, strict=True)]
     eos_id = min(eos_ids)
     device = logits.device
@@ -158,6 +171,7 @@ def decode(
             logits = fork.extend(feed)
             if stats is not None:
                 stats.decode_steps += 1
+            yield
     for r in runs:
         if r.text is None:
             r.text = decode_text(tokenizer, r.tokens)

@@ -9,18 +9,18 @@ architectures run on the generic transformers forward, one request at a time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
 from app.engines.embedded import lean_llama
-from app.engines.embedded.decoder import RowRun, decode
+from app.engines.embedded.decoder import RowRun, decode_steps
 from app.engines.embedded.fork import BranchRef, ForkState
 from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.embedded.packed import Layout, PackedFork
 from app.engines.embedded.prefix_cache import PrefixCache
-from app.engines.embedded.scheduler import ContinueJob, Job, SampleJob, Scheduler
+from app.engines.embedded.scheduler import ContinueJob, Job, Round, SampleJob, Scheduler
 
 Fork = ForkState | PackedFork
 
@@ -146,19 +146,21 @@ class EmbeddedEngine:
             self._stats.prefix_cache_hit_tokens = self.prefix_cache.hit_tokens
         return self._stats
 
-    def _run_batch(self, jobs: Sequence[Job]) -> None:
+    def _run_batch(self, jobs: Sequence[SampleJob | ContinueJob]) -> list[Round]:
+        """The rounds that serve these jobs: all new requests in one, continuations fork by fork."""
         self._stats.batches += 1
         self._stats.batched_requests += len(jobs)
         self._stats.batched_branches += sum(j.branches for j in jobs)
+        rounds: list[Round] = []
         samples = [j for j in jobs if isinstance(j, SampleJob)]
         if samples:
-            self._run_samples(samples)
+            rounds.append((self._sample_round(samples), list(samples)))
         merged: dict[int, list[ContinueJob]] = {}
         for j in jobs:
             if isinstance(j, ContinueJob):
                 merged.setdefault(id(j.fork), []).append(j)
-        for group in merged.values():
-            self._run_continues(group)
+        rounds += [(self._continue_round(group), list(group)) for group in merged.values()]
+        return rounds
 
     def _new_forks(self, jobs: list[SampleJob]) -> list[tuple[Fork, list[SampleJob]]]:
         if self._lean is None:
@@ -168,10 +170,11 @@ class EmbeddedEngine:
         fork = PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache)
         return [(fork, jobs)]
 
-    def _run_samples(self, jobs: list[SampleJob]) -> None:
+    def _sample_round(self, jobs: list[SampleJob]) -> Iterator[None]:
+        yield  # the prefill runs at the round's first step, after the jobs were admitted
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
-            runs = decode(
+            runs = yield from decode_steps(
                 fork,
                 self._m.tokenizer,
                 self._m.eos_ids,
@@ -188,12 +191,13 @@ class EmbeddedEngine:
                 p = len(job.ids)
                 job.future.set_result([self._branch(fork, r, p, p if i else reused[g]) for i, r in enumerate(mine)])
 
-    def _run_continues(self, jobs: list[ContinueJob]) -> None:
+    def _continue_round(self, jobs: list[ContinueJob]) -> Iterator[None]:
+        yield
         fork = jobs[0].fork
         taken: set[int] = set()
         now: list[ContinueJob] = []
         later: list[ContinueJob] = []
-        for job in jobs:  # one continuation per branch per step; a second one waits for the next round
+        for job in jobs:  # one continuation per branch at a time; a second one waits its turn
             (later if taken & set(job.rows) else now).append(job)
             taken |= set(job.rows)
         feed: list[list[int]] = [[] for _ in range(fork.rows)]
@@ -216,7 +220,7 @@ class EmbeddedEngine:
             logits = fork.extend(feed)
             rows = [r for j in ready for r in j.rows]
             params = [p for j in ready for p in j.params]
-            runs = decode(
+            runs = yield from decode_steps(
                 fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, self._stats, _abandoned_rows(ready)
             )
             for job, mine in zip(ready, _split(runs, ready), strict=True):
@@ -224,7 +228,7 @@ class EmbeddedEngine:
                     [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]
                 )
         if later:
-            self._run_continues(later)
+            yield from self._continue_round(later)
 
     @property
     def _pad_id(self) -> int:

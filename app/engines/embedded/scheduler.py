@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,7 +66,10 @@ class CallJob:
 
 
 Job = SampleJob | ContinueJob | CallJob
-Runner = Callable[[Sequence[Job]], None]
+ModelJob = SampleJob | ContinueJob
+# A round serves some jobs: each next() does one forward; it settles their futures as it ends.
+Round = tuple[Iterator[None], list[ModelJob]]
+Runner = Callable[[Sequence[ModelJob]], list[Round]]
 
 
 class Scheduler:
@@ -99,17 +102,26 @@ class Scheduler:
         self._queue.put(None)
         self._thread.join(timeout=60)
 
-    def _next_batch(self) -> list[Job] | None:
-        first = self._carry or self._queue.get()
-        self._carry = None
+    def _next_batch(self, block: bool) -> list[Job] | None:
+        """The jobs to admit now: [] when none wait (and not blocking), None when closing."""
+        if self._carry is not None:
+            first: Job | None = self._carry
+            self._carry = None
+        elif block:
+            first = self._queue.get()
+        else:
+            try:
+                first = self._queue.get_nowait()
+            except queue.Empty:
+                return []
         if first is None:
             return None
         batch, branches = [first], first.branches
         # Under concurrency, replies to the last batch come back as new requests a few ms apart;
         # starting on the first one alone would split the load into one small and one large batch.
-        # So while the last batch was shared, wait up to the window for as many jobs as it had.
-        # A lone client (last batch of one) never waits.
-        deadline = time.monotonic() + self._window_s if self._last_size > 1 else 0.0
+        # So while the last batch was shared, an idle engine waits up to the window for one more
+        # job than it had. A lone client (last batch of one) never waits; a busy engine neither.
+        deadline = time.monotonic() + self._window_s if block and self._last_size > 1 else 0.0
         while True:
             try:
                 wait = deadline - time.monotonic()
@@ -120,7 +132,7 @@ class Scheduler:
                 )
             except queue.Empty:
                 break
-            if job is None:  # closing: finish this batch, then stop
+            if job is None:  # closing: admit this batch, then stop
                 self._queue.put(None)
                 break
             if branches + job.branches > self._max_branches:
@@ -132,22 +144,52 @@ class Scheduler:
         return batch
 
     def _loop(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            live = [j for j in batch if j.future.set_running_or_notify_cancel()]
-            if not live:
-                continue
-            for call in (j for j in live if isinstance(j, CallJob)):
+        """Admit waiting jobs, then advance every running round by one forward; repeat.
+
+        A round holds the jobs admitted together (one fork): continuous batching at the
+        granularity of rounds, so a short request never waits for a long one to finish.
+        """
+        rounds: list[Round] = []
+        closing = False
+        while True:
+            if not closing:
+                batch = self._next_batch(block=not rounds)
+                if batch is None:
+                    closing = True
+                else:
+                    rounds += self._admit(batch)
+            if closing and not rounds:
+                return
+            for entry in list(rounds):
+                step, jobs = entry
                 try:
-                    call.future.set_result(call.fn())
-                except BaseException as exc:
-                    call.future.set_exception(exc)
-            model_jobs = [j for j in live if not isinstance(j, CallJob)]
-            if not model_jobs:
-                continue
+                    next(step)
+                except StopIteration:
+                    rounds.remove(entry)
+                except BaseException as exc:  # keep the thread alive; fail this round's callers only
+                    log.exception("engine round failed")
+                    rounds.remove(entry)
+                    _fail(jobs, exc)
+
+    def _admit(self, batch: list[Job]) -> list[Round]:
+        live = [j for j in batch if j.future.set_running_or_notify_cancel()]
+        for call in (j for j in live if isinstance(j, CallJob)):
             try:
-                self._run_batch(model_jobs)
-            except BaseException as exc:  # keep the thread alive; fail this batch's callers only
-                log.exception("engine batch failed")
-                for job in model_jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+                call.future.set_result(call.fn())
+            except BaseException as exc:
+                call.future.set_exception(exc)
+        model_jobs = [j for j in live if not isinstance(j, CallJob)]
+        if not model_jobs:
+            return []
+        try:
+            return self._run_batch(model_jobs)
+        except BaseException as exc:
+            log.exception("engine batch failed to start")
+            _fail(model_jobs, exc)
+            return []
+
+
+def _fail(jobs: Sequence[ModelJob], exc: BaseException) -> None:
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(exc)
