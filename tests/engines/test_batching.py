@@ -29,9 +29,9 @@ def hold_model_thread(engine: EmbeddedEngine) -> threading.Event:
 
 def run_rounds(engine: EmbeddedEngine, jobs) -> None:
     """What the model thread does with jobs admitted together, here, to the end."""
-    for step, _ in engine._run_batch(jobs):
-        for _ in step:
-            pass
+    rounds = engine._start(jobs)
+    while rounds:
+        rounds = engine._advance(rounds)
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +130,26 @@ def test_a_cancelled_caller_costs_no_model_work(loaded_fp32):
         assert job.future.cancelled() and engine.stats().batches == 0
     finally:
         asyncio.run(engine.close())
+
+
+def test_rounds_on_one_fork_share_each_forward(plain):
+    """A continuation admitted while another is decoding on the same fork joins its forwards."""
+    ids = prompts(plain)
+    jobs = [SampleJob(p, [GREEDY]) for p in ids[:2]]
+    run_rounds(plain, jobs)
+    a, b = (j.future.result()[0] for j in jobs)
+    more = BranchParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    cont_a = ContinueJob(a.handle.fork, [a.handle.row], " Next", [more])
+    cont_b = ContinueJob(b.handle.fork, [b.handle.row], " Next", [more])
+    rounds = plain._advance(plain._start([cont_a]))  # a is already a step ahead when b arrives
+    rounds += plain._start([cont_b])
+    steps_before, advances = plain.stats().decode_steps, 0
+    while rounds:
+        rounds = plain._advance(rounds)
+        advances += 1
+    assert plain.stats().decode_steps - steps_before == advances  # one forward per step for both
+    alone = [
+        asyncio.run(plain.continue_branches([x.handle], " Next", [more]))[0].token_ids
+        for x in (asyncio.run(plain.sample(p, [GREEDY]))[0] for p in ids[:2])
+    ]
+    assert [cont_a.future.result()[0].token_ids, cont_b.future.result()[0].token_ids] == alone

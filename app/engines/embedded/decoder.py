@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from app.engines.base import BranchParams, EngineStats, FinishReason
+from app.engines.base import BranchParams, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
 from app.engines.embedded.sampler import sample
 
@@ -101,14 +101,18 @@ def _finish_reason(run: RowRun, tokenizer: PreTrainedTokenizerBase) -> FinishRea
     return None
 
 
-def decode(*args: Any, **kwargs: Any) -> list[RowRun]:
-    """decode_steps() run to the end, for callers that do not interleave."""
-    steps = decode_steps(*args, **kwargs)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+Feed = list[list[int]]  # per fork row: the tokens to append (empty: the row sits this step out)
+
+
+def decode(fork: Fork, *args: Any, **kwargs: Any) -> list[RowRun]:
+    """decode_steps() driven to the end on its own fork, for callers that do not interleave."""
+    steps = decode_steps(fork, *args, **kwargs)
+    try:
+        feed = next(steps)
+        while True:
+            feed = steps.send(fork.extend(feed))
+    except StopIteration as done:
+        return done.value
 
 
 def decode_steps(
@@ -118,12 +122,13 @@ def decode_steps(
     rows: Sequence[int],
     params: Sequence[BranchParams],
     logits: torch.Tensor,
-    stats: EngineStats | None = None,
     abandoned: Callable[[], set[int]] | None = None,
-) -> Generator[None, None, list[RowRun]]:
+) -> Generator[Feed, torch.Tensor, list[RowRun]]:
     """Decode the given fork rows together until each finishes; logits (M, V) start the loop.
 
-    Yields after every forward, so the model thread can admit new requests between steps.
+    Instead of running the forward itself, it yields what to feed and receives the next logits:
+    the model thread can then run one forward for every round on the same fork, and admit new
+    requests between steps.
     """
     runs = [_start(tokenizer, row, p) for row, p in zip(rows, params, strict=True)]
     eos_id = min(eos_ids)
@@ -168,10 +173,7 @@ def decode_steps(
                 fork.pending[r.row] = [token]
         active = still
         if active:
-            logits = fork.extend(feed)
-            if stats is not None:
-                stats.decode_steps += 1
-            yield
+            logits = yield feed
     for r in runs:
         if r.text is None:
             r.text = decode_text(tokenizer, r.tokens)

@@ -9,20 +9,25 @@ architectures run on the generic transformers forward, one request at a time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
 from app.engines.embedded import lean_llama
-from app.engines.embedded.decoder import RowRun, decode_steps
+from app.engines.embedded.decoder import Feed, RowRun, decode_steps
 from app.engines.embedded.fork import BranchRef, ForkState
 from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.embedded.packed import Layout, PackedFork
 from app.engines.embedded.prefix_cache import PrefixCache
-from app.engines.embedded.scheduler import ContinueJob, Job, Round, SampleJob, Scheduler
+from app.engines.embedded.scheduler import ContinueJob, Job, ModelJob, SampleJob, Scheduler
 
 Fork = ForkState | PackedFork
+log = logging.getLogger(__name__)
 
 
 class EmbeddedEngine:
@@ -43,7 +48,7 @@ class EmbeddedEngine:
         """
         self.layout = Layout(layout)
         self._stats = EngineStats()
-        self._scheduler = Scheduler(self._run_batch, max_queue, max_batch_branches, batch_window_ms)
+        self._scheduler = Scheduler(self._start, self._advance, max_queue, max_batch_branches, batch_window_ms)
         try:
             self._scheduler.call(lambda: self._setup(model, lean, prefix_cache)).result()
         except BaseException:
@@ -146,21 +151,46 @@ class EmbeddedEngine:
             self._stats.prefix_cache_hit_tokens = self.prefix_cache.hit_tokens
         return self._stats
 
-    def _run_batch(self, jobs: Sequence[SampleJob | ContinueJob]) -> list[Round]:
-        """The rounds that serve these jobs: all new requests in one, continuations fork by fork."""
+    def _start(self, jobs: Sequence[ModelJob]) -> list[Round]:
+        """Rounds that serve these jobs (all new requests in one, continuations fork by fork),
+        each run up to its first forward: for new requests, that includes their prefill."""
         self._stats.batches += 1
         self._stats.batched_requests += len(jobs)
         self._stats.batched_branches += sum(j.branches for j in jobs)
         rounds: list[Round] = []
         samples = [j for j in jobs if isinstance(j, SampleJob)]
         if samples:
-            rounds.append((self._sample_round(samples), list(samples)))
+            rounds.append(Round(self._sample_round(samples), list(samples)))
         merged: dict[int, list[ContinueJob]] = {}
         for j in jobs:
             if isinstance(j, ContinueJob):
                 merged.setdefault(id(j.fork), []).append(j)
-        rounds += [(self._continue_round(group), list(group)) for group in merged.values()]
-        return rounds
+        rounds += [Round(self._continue_round(group), list(group)) for group in merged.values()]
+        return [r for r in rounds if r.resume(None)]
+
+    def _advance(self, rounds: list[Round]) -> list[Round]:
+        """One forward per fork for all the rounds waiting on it; returns the rounds still going."""
+        by_fork: dict[int, list[Round]] = {}
+        for r in rounds:
+            by_fork.setdefault(id(r.fork), []).append(r)
+        going = []
+        for group in by_fork.values():
+            fork = group[0].fork
+            feed: Feed = [[] for _ in range(fork.rows)]
+            for r in group:  # rounds on one fork own disjoint rows
+                for row, ids in enumerate(r.feed):
+                    if ids:
+                        feed[row] = ids
+            try:
+                logits = fork.extend(feed)
+            except Exception as exc:
+                log.exception("forward failed")
+                for r in group:
+                    r.fail(exc)
+                continue
+            self._stats.decode_steps += 1
+            going += [r for r in group if r.resume(logits)]
+        return going
 
     def _new_forks(self, jobs: list[SampleJob]) -> list[tuple[Fork, list[SampleJob]]]:
         if self._lean is None:
@@ -170,19 +200,20 @@ class EmbeddedEngine:
         fork = PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache)
         return [(fork, jobs)]
 
-    def _sample_round(self, jobs: list[SampleJob]) -> Iterator[None]:
-        yield  # the prefill runs at the round's first step, after the jobs were admitted
+    def _sample_round(self, jobs: list[SampleJob]) -> Steps:
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
-            runs = yield from decode_steps(
+            runs = yield from _on(
                 fork,
-                self._m.tokenizer,
-                self._m.eos_ids,
-                range(fork.rows),
-                params,
-                fork.last_logits,
-                self._stats,
-                _abandoned_rows(group),
+                decode_steps(
+                    fork,
+                    self._m.tokenizer,
+                    self._m.eos_ids,
+                    range(fork.rows),
+                    params,
+                    fork.last_logits,
+                    _abandoned_rows(group),
+                ),
             )
             reused = fork.reused if isinstance(fork, PackedFork) else [0]
             for g, (job, mine) in enumerate(zip(group, _split(runs, group), strict=True)):
@@ -191,8 +222,7 @@ class EmbeddedEngine:
                 p = len(job.ids)
                 job.future.set_result([self._branch(fork, r, p, p if i else reused[g]) for i, r in enumerate(mine)])
 
-    def _continue_round(self, jobs: list[ContinueJob]) -> Iterator[None]:
-        yield
+    def _continue_round(self, jobs: list[ContinueJob]) -> Steps:
         fork = jobs[0].fork
         taken: set[int] = set()
         now: list[ContinueJob] = []
@@ -217,11 +247,12 @@ class EmbeddedEngine:
                 feed[row], fork.pending[row] = fork.pending[row] + appended, []
             ready.append(job)
         if ready:
-            logits = fork.extend(feed)
+            logits = yield fork, feed
             rows = [r for j in ready for r in j.rows]
             params = [p for j in ready for p in j.params]
-            runs = yield from decode_steps(
-                fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, self._stats, _abandoned_rows(ready)
+            runs = yield from _on(
+                fork,
+                decode_steps(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, _abandoned_rows(ready)),
             )
             for job, mine in zip(ready, _split(runs, ready), strict=True):
                 job.future.set_result(
@@ -254,6 +285,49 @@ class EmbeddedEngine:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._scheduler.close)
+
+
+# A round's generator: it yields (fork, feed) for a forward and receives that forward's logits.
+Steps = Generator[tuple[Fork, Feed], torch.Tensor, None]
+
+
+@dataclass(slots=True)
+class Round:
+    """Jobs admitted together, their generator, and the forward it waits for."""
+
+    steps: Steps
+    jobs: list[ModelJob]
+    fork: Any = None
+    feed: Feed = field(default_factory=list)
+
+    def resume(self, logits: torch.Tensor | None) -> bool:
+        """Run to the next forward request; False once finished (or failed: its jobs are told)."""
+        try:
+            self.fork, self.feed = next(self.steps) if logits is None else self.steps.send(logits)
+            return True
+        except StopIteration:
+            return False
+        except Exception as exc:
+            log.exception("engine round failed")
+            self.fail(exc)
+            return False
+
+    def fail(self, exc: BaseException) -> None:
+        for job in self.jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+
+def _on(
+    fork: Fork, steps: Generator[Feed, torch.Tensor, list[RowRun]]
+) -> Generator[tuple[Fork, Feed], torch.Tensor, list[RowRun]]:
+    """Tag each feed of a decode loop with its fork."""
+    try:
+        feed = next(steps)
+        while True:
+            feed = steps.send((yield fork, feed))
+    except StopIteration as done:
+        return done.value
 
 
 def _abandoned_rows(jobs: Sequence[SampleJob] | Sequence[ContinueJob]) -> Callable[[], set[int]]:

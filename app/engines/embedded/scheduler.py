@@ -18,10 +18,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from app.engines.base import BranchParams, EngineBusyError
 
@@ -67,14 +67,22 @@ class CallJob:
 
 Job = SampleJob | ContinueJob | CallJob
 ModelJob = SampleJob | ContinueJob
-# A round serves some jobs: each next() does one forward; it settles their futures as it ends.
-Round = tuple[Iterator[None], list[ModelJob]]
-Runner = Callable[[Sequence[ModelJob]], list[Round]]
+R = TypeVar("R")  # the engine's round: jobs admitted together, in progress
 
 
-class Scheduler:
-    def __init__(self, run_batch: Runner, max_queue: int, max_batch_branches: int, window_ms: float = 5.0):
-        self._run_batch = run_batch
+class Scheduler(Generic[R]):
+    """start(jobs) opens rounds for admitted jobs; advance(rounds) runs one step of each and
+    returns those still going. Both run on this scheduler's thread only."""
+
+    def __init__(
+        self,
+        start: Callable[[Sequence[ModelJob]], list[R]],
+        advance: Callable[[list[R]], list[R]],
+        max_queue: int,
+        max_batch_branches: int,
+        window_ms: float = 5.0,
+    ):
+        self._start, self._advance = start, advance
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._max_queue = max_queue
         self._max_branches = max_batch_branches
@@ -149,7 +157,7 @@ class Scheduler:
         A round holds the jobs admitted together (one fork): continuous batching at the
         granularity of rounds, so a short request never waits for a long one to finish.
         """
-        rounds: list[Round] = []
+        rounds: list[R] = []
         closing = False
         while True:
             if not closing:
@@ -160,18 +168,14 @@ class Scheduler:
                     rounds += self._admit(batch)
             if closing and not rounds:
                 return
-            for entry in list(rounds):
-                step, jobs = entry
+            if rounds:
                 try:
-                    next(step)
-                except StopIteration:
-                    rounds.remove(entry)
-                except BaseException as exc:  # keep the thread alive; fail this round's callers only
-                    log.exception("engine round failed")
-                    rounds.remove(entry)
-                    _fail(jobs, exc)
+                    rounds = self._advance(rounds)
+                except BaseException:  # the engine settles its rounds' jobs; never lose the thread
+                    log.exception("engine step failed")
+                    rounds = []
 
-    def _admit(self, batch: list[Job]) -> list[Round]:
+    def _admit(self, batch: list[Job]) -> list[R]:
         live = [j for j in batch if j.future.set_running_or_notify_cancel()]
         for call in (j for j in live if isinstance(j, CallJob)):
             try:
@@ -182,7 +186,7 @@ class Scheduler:
         if not model_jobs:
             return []
         try:
-            return self._run_batch(model_jobs)
+            return self._start(model_jobs)
         except BaseException as exc:
             log.exception("engine batch failed to start")
             _fail(model_jobs, exc)
