@@ -77,6 +77,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
         "rss_mb_start": round(rss[0], 1),
         "rss_mb_end": round(rss[-1], 1),
         "rss_mb_max": round(max(rss), 1),
+        "rss_mb_every_60s": [round(x) for x in rss[::6]],
     }
 
 

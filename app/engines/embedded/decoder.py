@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -102,17 +102,6 @@ def _finish_reason(run: RowRun, tokenizer: PreTrainedTokenizerBase) -> FinishRea
 
 
 Feed = list[list[int]]  # per fork row: the tokens to append (empty: the row sits this step out)
-
-
-def decode(fork: Fork, *args: Any, **kwargs: Any) -> list[RowRun]:
-    """decode_steps() driven to the end on its own fork, for callers that do not interleave."""
-    steps = decode_steps(fork, *args, **kwargs)
-    try:
-        feed = next(steps)
-        while True:
-            feed = steps.send(fork.extend(feed))
-    except StopIteration as done:
-        return done.value
 
 
 def decode_steps(

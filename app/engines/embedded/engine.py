@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
-
-import torch
 
 from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
 from app.engines.embedded import lean_llama
@@ -24,9 +21,9 @@ from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.embedded.packed import Layout, PackedFork
 from app.engines.embedded.prefix_cache import PrefixCache
-from app.engines.embedded.scheduler import ContinueJob, Job, ModelJob, SampleJob, Scheduler
+from app.engines.embedded.rounds import Fork, Round, Steps, abandoned_rows, on_fork, split_runs
+from app.engines.embedded.scheduler import ContinueJob, ModelJob, SampleJob, Scheduler
 
-Fork = ForkState | PackedFork
 log = logging.getLogger(__name__)
 
 
@@ -78,10 +75,6 @@ class EmbeddedEngine:
     @property
     def forward_kind(self) -> str:
         return f"lean/{self.layout.value}" if self._lean else "generic/batch"
-
-    @property
-    def queue_depth(self) -> int:
-        return self._scheduler.depth
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         return str(self._m.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))
@@ -203,7 +196,7 @@ class EmbeddedEngine:
     def _sample_round(self, jobs: list[SampleJob]) -> Steps:
         for fork, group in self._new_forks(jobs):
             params = [p for j in group for p in j.params]
-            runs = yield from _on(
+            runs = yield from on_fork(
                 fork,
                 decode_steps(
                     fork,
@@ -212,11 +205,11 @@ class EmbeddedEngine:
                     range(fork.rows),
                     params,
                     fork.last_logits,
-                    _abandoned_rows(group),
+                    abandoned_rows(group),
                 ),
             )
             reused = fork.reused if isinstance(fork, PackedFork) else [0]
-            for g, (job, mine) in enumerate(zip(group, _split(runs, group), strict=True)):
+            for g, (job, mine) in enumerate(zip(group, split_runs(runs, group), strict=True)):
                 # The prefix was computed once: the first branch paid for it (less any head served
                 # by the prefix cache), the others reused its KV.
                 p = len(job.ids)
@@ -250,11 +243,11 @@ class EmbeddedEngine:
             logits = yield fork, feed
             rows = [r for j in ready for r in j.rows]
             params = [p for j in ready for p in j.params]
-            runs = yield from _on(
+            runs = yield from on_fork(
                 fork,
-                decode_steps(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, _abandoned_rows(ready)),
+                decode_steps(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, abandoned_rows(ready)),
             )
-            for job, mine in zip(ready, _split(runs, ready), strict=True):
+            for job, mine in zip(ready, split_runs(runs, ready), strict=True):
                 job.future.set_result(
                     [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]
                 )
@@ -285,69 +278,3 @@ class EmbeddedEngine:
 
     async def close(self) -> None:
         await asyncio.to_thread(self._scheduler.close)
-
-
-# A round's generator: it yields (fork, feed) for a forward and receives that forward's logits.
-Steps = Generator[tuple[Fork, Feed], torch.Tensor, None]
-
-
-@dataclass(slots=True)
-class Round:
-    """Jobs admitted together, their generator, and the forward it waits for."""
-
-    steps: Steps
-    jobs: list[ModelJob]
-    fork: Any = None
-    feed: Feed = field(default_factory=list)
-
-    def resume(self, logits: torch.Tensor | None) -> bool:
-        """Run to the next forward request; False once finished (or failed: its jobs are told)."""
-        try:
-            self.fork, self.feed = next(self.steps) if logits is None else self.steps.send(logits)
-            return True
-        except StopIteration:
-            return False
-        except Exception as exc:
-            log.exception("engine round failed")
-            self.fail(exc)
-            return False
-
-    def fail(self, exc: BaseException) -> None:
-        for job in self.jobs:
-            if not job.future.done():
-                job.future.set_exception(exc)
-
-
-def _on(
-    fork: Fork, steps: Generator[Feed, torch.Tensor, list[RowRun]]
-) -> Generator[tuple[Fork, Feed], torch.Tensor, list[RowRun]]:
-    """Tag each feed of a decode loop with its fork."""
-    try:
-        feed = next(steps)
-        while True:
-            feed = steps.send((yield fork, feed))
-    except StopIteration as done:
-        return done.value
-
-
-def _abandoned_rows(jobs: Sequence[SampleJob] | Sequence[ContinueJob]) -> Callable[[], set[int]]:
-    """Positions (in the order decode() got its rows) of branches whose caller has gone."""
-
-    def positions() -> set[int]:
-        gone: set[int] = set()
-        start = 0
-        for job in jobs:
-            if job.abandoned.is_set():
-                gone.update(range(start, start + job.branches))
-            start += job.branches
-        return gone
-
-    return positions
-
-
-def _split(runs: list[RowRun], jobs: Sequence[Job]) -> list[list[RowRun]]:
-    out, start = [], 0
-    for job in jobs:
-        out.append(runs[start : start + job.branches])
-        start += job.branches
-    return out

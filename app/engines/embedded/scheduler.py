@@ -28,14 +28,20 @@ from app.engines.base import BranchParams, EngineBusyError
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class SampleJob:
-    ids: list[int]
-    params: list[BranchParams]
+@dataclass(slots=True, kw_only=True)
+class _ModelWork:
+    """What every model job carries besides its inputs."""
+
     future: Future = field(default_factory=Future)
     # Set when the caller stops waiting (client gone, deadline): the decode loop drops the
     # job's branches at the next step instead of finishing them.
     abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class SampleJob(_ModelWork):
+    ids: list[int]
+    params: list[BranchParams]
 
     @property
     def branches(self) -> int:
@@ -43,13 +49,11 @@ class SampleJob:
 
 
 @dataclass(slots=True)
-class ContinueJob:
+class ContinueJob(_ModelWork):
     fork: Any
     rows: list[int]
     text: str
     params: list[BranchParams]
-    future: Future = field(default_factory=Future)
-    abandoned: threading.Event = field(default_factory=threading.Event)
 
     @property
     def branches(self) -> int:
