@@ -137,18 +137,20 @@ class LeanLlama:
         mask: torch.Tensor,
         cache: KVCache,
         logit_index: torch.Tensor,
+        cache_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step for S rows of Q new tokens each.
 
         ids, positions, slots: (S, Q) -- token, RoPE position, cache slot to write;
         mask: (S, 1, Q, U) bool -- which of the first U slots each query sees (its own included);
-        logit_index: (N,) flat indices into S*Q of the tokens that need next-token logits.
+        logit_index: (N,) flat indices into S*Q of the tokens that need next-token logits;
+        cache_rows: (S,) which cache rows these are, when only some rows take part (default: all).
         Returns (N, V) float32 logits.
         """
         S, Q = ids.shape
         H, KVH, hd = self.heads, self.kv_heads, self.head_dim
         used = mask.shape[-1]
-        rows = torch.arange(S, device=ids.device)[:, None].expand(S, Q)
+        rows = (cache_rows if cache_rows is not None else torch.arange(S, device=ids.device))[:, None].expand(S, Q)
         cos, sin = self._rope(positions)
         h = F.embedding(ids, self.embed)  # (S, Q, D)
         for i, w in enumerate(self.layers):
@@ -158,9 +160,10 @@ class LeanLlama:
             # (S, Q) advanced indices around a slice: the assigned value is laid out (S, Q, KVH, hd).
             cache.keys[i][rows, :, slots] = k.transpose(1, 2)
             cache.values[i][rows, :, slots] = v.transpose(1, 2)
-            attn = F.scaled_dot_product_attention(
-                q, cache.keys[i][:, :, :used], cache.values[i][:, :, :used], attn_mask=mask, enable_gqa=True
-            )  # (S, H, Q, hd)
+            keys, values = cache.keys[i][:, :, :used], cache.values[i][:, :, :used]
+            if cache_rows is not None:  # a copy of the used slots of the rows taking part
+                keys, values = keys.index_select(0, cache_rows), values.index_select(0, cache_rows)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (S, H, Q, hd)
             h = h + F.linear(attn.transpose(1, 2).reshape(S, Q, H * hd), w.o)
             gate, up = F.linear(self._norm(h, w.mlp_norm), w.gate_up).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, w.down)

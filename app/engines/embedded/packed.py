@@ -107,31 +107,35 @@ class PackedFork:
         for row, toks, _, _ in writes:
             per_row[row] = per_row.get(row, 0) + len(toks)
         self._reserve(max(self.fill[r] + n + 1 for r, n in per_row.items()))
-        rows = self.cache.rows
+        # Only rows that get tokens take part: a continuation of 4 requests in a fork of 25 must
+        # not pay for 21 rows of padding queries.
+        rows = sorted(per_row)
+        local = {row: i for i, row in enumerate(rows)}
         width = max(per_row.values())
         device = self.owner.device
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        positions = torch.zeros(rows, width, dtype=torch.long)
-        slots = torch.zeros(rows, width, dtype=torch.long)
-        q_owner = torch.full((rows, width), PADDING, dtype=torch.int32)
-        used = [0] * rows
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        slots = torch.zeros(len(rows), width, dtype=torch.long)
+        q_owner = torch.full((len(rows), width), PADDING, dtype=torch.int32)
+        used = [0] * len(rows)
         last = []
         for row, toks, owner, start in writes:
-            n, col, slot = len(toks), used[row], self.fill[row]
-            ids[row, col : col + n] = torch.tensor(toks)
-            positions[row, col : col + n] = torch.arange(start, start + n)
-            slots[row, col : col + n] = torch.arange(slot, slot + n)
-            q_owner[row, col : col + n] = owner
+            i = local[row]
+            n, col, slot = len(toks), used[i], self.fill[row]
+            ids[i, col : col + n] = torch.tensor(toks)
+            positions[i, col : col + n] = torch.arange(start, start + n)
+            slots[i, col : col + n] = torch.arange(slot, slot + n)
+            q_owner[i, col : col + n] = owner
             self.owner[row, slot : slot + n] = owner
             self.fill[row] += n
-            used[row] += n
-            last.append(row * width + col + n - 1)
-        for row in range(rows):
+            used[i] += n
+            last.append(i * width + col + n - 1)
+        for row, i in local.items():
             # Padding queries write to the row's next free slot (owned by nobody, overwritten later).
-            slots[row, used[row] :] = self.fill[row]
-        span = max(self.fill) + 1
+            slots[i, used[i] :] = self.fill[row]
+        span = max(self.fill[row] for row in rows) + 1
         keys = torch.arange(span)
-        owners = self.owner[:, :span].cpu()
+        owners = self.owner[rows, :span].cpu()
         visible = (owners[:, None, :] == SHARED) | (owners[:, None, :] == q_owner[:, :, None])
         visible |= (q_owner[:, :, None] == PADDING) & (keys == 0)
         mask = visible & (keys[None, None, :] <= slots[:, :, None])  # (rows, width, span)
@@ -142,6 +146,7 @@ class PackedFork:
             mask[:, None].to(device),
             self.cache,
             torch.tensor(last, device=device),
+            None if len(rows) == self.cache.rows else torch.tensor(rows, device=device),
         )
 
     def _reserve(self, slots: int) -> None:
