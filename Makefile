@@ -39,8 +39,8 @@ bench: model  ## every benchmark, one JSON line each
 	$(BIN)/python -m loadtest.bench_concurrency --json
 	$(BIN)/python -m loadtest.bench_latency
 
-loadtest: model  ## locust against a fresh server; reports/ gets CSV + HTML; fails on any error
-	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),16) --run-time $(or $(RUN_TIME),60s)
+loadtest: model  ## locust (4 users, 60 s) against a fresh server; CSV + HTML in reports/; fails on any error
+	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),4) --run-time $(or $(RUN_TIME),60s)
 
 soak: model  ## steady load for DURATION seconds (default 600): RSS, errors, latency (JSON)
 	$(BIN)/python -m loadtest.soak --duration $(or $(DURATION),600)
