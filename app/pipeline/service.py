@@ -82,6 +82,3 @@ class RewardPipeline:
             )
             for i, t in enumerate(options.temperatures)
         ]
-
-    async def ready(self) -> bool:
-        return await self.engine.ready() and await self.scorer.ready()
