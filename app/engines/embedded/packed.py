@@ -55,7 +55,6 @@ class PackedFork:
         self.cache = lean.new_cache(len(groups), longest + per_row_new + 1)
         self.owner = torch.full((len(groups), self.cache.capacity), FREE, dtype=torch.int32, device=device)
         self.fill = [0] * len(groups)  # next free slot per cache row
-        self.row_of = list(range(len(groups)))  # cache row of each group's prefill
         self.reused = [0] * len(groups)  # per request: prefix tokens served from the prefix cache
         if prefix_cache is not None:
             for g, (p, _) in enumerate(groups):
