@@ -21,7 +21,15 @@ class RewardPipeline:
 
     async def score(self, items: Sequence[JudgeItem], options: JudgeOptions) -> list[ItemResult]:
         """One result per item, in order; an item whose input the engine rejects gets an error."""
-        return list(await asyncio.gather(*(self._score_or_error(item, options) for item in items)))
+        tasks = [asyncio.ensure_future(self._score_or_error(item, options)) for item in items]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # One item failed the whole request (e.g. the engine queue is full): stop the others
+            # instead of leaving their work running for nobody.
+            for task in tasks:
+                task.cancel()
+            raise
 
     async def _score_or_error(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
         try:

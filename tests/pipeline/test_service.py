@@ -1,6 +1,7 @@
 """The pipeline end to end on the real model, without HTTP."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -61,3 +62,29 @@ def test_batch_keeps_order_and_isolates_a_bad_item(engine):
     results = asyncio.run(RewardPipeline(engine, HeuristicScorer()).score(items, options(path=PathMode.SHORT)))
     assert [r.error is None for r in results] == [True, False, True]
     assert results[1].reward is None and "context" in results[1].error
+
+
+def test_a_refused_item_cancels_its_siblings(loaded_fp32):
+    from app.engines.base import EngineBusyError
+    from app.engines.embedded.engine import EmbeddedEngine
+    from tests.engines.test_batching import hold_model_thread
+
+    engine = EmbeddedEngine(loaded_fp32, max_queue=1)
+    try:
+        release = hold_model_thread(engine)
+        pipeline = RewardPipeline(engine, HeuristicScorer())
+        items = [ITEM, JudgeItem(prompt="Is ice cold?", response="Yes")]
+
+        async def refused():
+            with pytest.raises(EngineBusyError):
+                await pipeline.score(items, options(path=PathMode.SHORT))
+
+        asyncio.run(refused())  # the first item took the one queue slot, the second was refused
+        release.set()
+        deadline = time.monotonic() + 10
+        while engine.stats().queue_depth and time.monotonic() < deadline:  # the cancelled job is popped
+            time.sleep(0.01)
+        engine.run_on_model_thread(lambda: None)
+        assert engine.stats().batches == 0  # the first item's queued job was dropped, not run
+    finally:
+        asyncio.run(engine.close())
