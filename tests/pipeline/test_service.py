@@ -75,16 +75,16 @@ def test_a_refused_item_cancels_its_siblings(loaded_fp32):
         pipeline = RewardPipeline(engine, HeuristicScorer())
         items = [ITEM, JudgeItem(prompt="Is ice cold?", response="Yes")]
 
-        async def refused():
-            with pytest.raises(EngineBusyError):
+        async def refused_then_idle() -> int:
+            with pytest.raises(EngineBusyError):  # the first item took the one queue slot
                 await pipeline.score(items, options(path=PathMode.SHORT))
+            release.set()  # the loop keeps running, as in a server: the first item could still run
+            deadline = time.monotonic() + 10
+            while engine.stats().queue_depth and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(engine.run_on_model_thread, lambda: None)
+            return engine.stats().batches
 
-        asyncio.run(refused())  # the first item took the one queue slot, the second was refused
-        release.set()
-        deadline = time.monotonic() + 10
-        while engine.stats().queue_depth and time.monotonic() < deadline:  # the cancelled job is popped
-            time.sleep(0.01)
-        engine.run_on_model_thread(lambda: None)
-        assert engine.stats().batches == 0  # the first item's queued job was dropped, not run
+        assert asyncio.run(refused_then_idle()) == 0  # its queued job was dropped, not run
     finally:
         asyncio.run(engine.close())
