@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engines.base import EngineBusyError
+from app.pipeline.service import PromptTooLongError
 from app.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,15 @@ def _client_gone(_: Request, exc: Exception) -> JSONResponse:
     return error_response(499, "client_closed", "the client closed the connection; its work was cancelled")
 
 
+def _prompt_too_long(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PromptTooLongError)
+    message = (
+        f"items[{exc.index}] renders to a {exc.tokens}-token judge prompt; "
+        f"the limit is EGRM_MAX_PROMPT_TOKENS={exc.limit}"
+    )
+    return error_response(413, "invalid_request_error", message, f"items[{exc.index}]")
+
+
 def _busy(_: Request, exc: Exception) -> JSONResponse:
     return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
 
@@ -85,5 +95,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(EngineBusyError, _busy)
+    app.add_exception_handler(PromptTooLongError, _prompt_too_long)
     app.add_exception_handler(ClientGoneError, _client_gone)
     app.add_exception_handler(Exception, _unhandled)

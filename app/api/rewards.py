@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -13,7 +12,6 @@ from app.api.errors import ApiError
 from app.api.lifecycle import guarded
 from app.config import Settings, temperature_ladder
 from app.metrics import Metrics
-from app.pipeline.service import RewardPipeline
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
 from app.protocol import (
     CandidateOut,
@@ -52,9 +50,7 @@ def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
     )
 
 
-async def judge_items(
-    request: RewardRequest, options: JudgeOptions, settings: Settings, pipeline: RewardPipeline
-) -> list[JudgeItem]:
+def judge_items(request: RewardRequest, options: JudgeOptions, settings: Settings) -> list[JudgeItem]:
     if len(request.items) > settings.max_items:
         raise ApiError(413, f"at most {settings.max_items} items per request, got {len(request.items)}", "items")
     if options.template == "pairwise":
@@ -63,25 +59,7 @@ async def judge_items(
                 raise ApiError(
                     422, f"items[{i}].response_b is required by the pairwise template", f"items[{i}].response_b"
                 )
-    items = [JudgeItem(i.prompt, i.response, i.response_b, i.reference, i.id) for i in request.items]
-    await _check_prompt_tokens(items, options.template, settings.max_prompt_tokens, pipeline)
-    return items
-
-
-async def _check_prompt_tokens(items: list[JudgeItem], template: str, limit: int, pipeline: RewardPipeline) -> None:
-    def count() -> list[int]:
-        return [pipeline.prompt_tokens(item, template) for item in items]
-
-    # Tokenizing megabytes takes long enough to stall other requests: do big bodies off the loop.
-    chars = sum(len(i.prompt) + len(i.response) + len(i.response_b or "") + len(i.reference or "") for i in items)
-    counts = await asyncio.to_thread(count) if chars > 50_000 else count()
-    for i, n in enumerate(counts):
-        if n > limit:
-            raise ApiError(
-                413,
-                f"items[{i}] renders to a {n}-token judge prompt; the limit is EGRM_MAX_PROMPT_TOKENS={limit}",
-                f"items[{i}]",
-            )
+    return [JudgeItem(i.prompt, i.response, i.response_b, i.reference, i.id) for i in request.items]
 
 
 def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
@@ -127,9 +105,10 @@ async def rewards(
 ) -> RewardResponse:
     start = time.perf_counter()
     options = resolve_options(body.options, settings)
-    items = await judge_items(body, options, settings, pipeline)
+    items = judge_items(body, options, settings)
     with metrics.in_flight.track_inprogress():
-        results = await guarded(request, pipeline.score(items, options), settings.request_timeout_s, metrics)
+        work = pipeline.score(items, options, settings.max_prompt_tokens)
+        results = await guarded(request, work, settings.request_timeout_s, metrics)
     usage = record(metrics, results)
     metrics.observe_request("/v1/rewards", {r.route.value for r in results if r.route}, time.perf_counter() - start)
     return RewardResponse(

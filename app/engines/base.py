@@ -85,6 +85,10 @@ class Engine(Protocol):
         """The prompt text for a conversation, ending where the assistant's answer begins."""
         ...
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, special tokens as written (a rendered prompt already has them)."""
+        ...
+
     def count_tokens(self, text: str) -> int: ...
 
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:

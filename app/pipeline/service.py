@@ -13,15 +13,40 @@ from app.pipeline.templates import get_template
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, Route, Sample, Timings
 from app.scorer.base import Scorer
 
+# Tokenizing megabytes would stall every other request on the event loop: big batches go to a thread.
+_OFF_LOOP_CHARS = 50_000
+
+
+class PromptTooLongError(Exception):
+    """An item's rendered judge prompt has more tokens than the request allows."""
+
+    def __init__(self, index: int, tokens: int, limit: int):
+        super().__init__(f"items[{index}] renders to a {tokens}-token judge prompt; the limit is {limit}")
+        self.index, self.tokens, self.limit = index, tokens, limit
+
 
 class RewardPipeline:
     def __init__(self, engine: Engine, scorer: Scorer):
         self.engine = engine
         self.scorer = scorer
 
-    async def score(self, items: Sequence[JudgeItem], options: JudgeOptions) -> list[ItemResult]:
-        """One result per item, in order; an item whose input the engine rejects gets an error."""
-        tasks = [asyncio.ensure_future(self._score_or_error(item, options)) for item in items]
+    async def score(
+        self, items: Sequence[JudgeItem], options: JudgeOptions, max_prompt_tokens: int | None = None
+    ) -> list[ItemResult]:
+        """One result per item, in order; an item whose input the engine rejects gets an error.
+
+        Every prompt is rendered and tokenized once, here; an item over max_prompt_tokens raises
+        PromptTooLongError before any model work starts.
+        """
+        prompts = await self.encode_prompts(items, options.template)
+        if max_prompt_tokens is not None:
+            for i, ids in enumerate(prompts):
+                if len(ids) > max_prompt_tokens:
+                    raise PromptTooLongError(i, len(ids), max_prompt_tokens)
+        tasks = [
+            asyncio.ensure_future(self._score_or_error(item, ids, options))
+            for item, ids in zip(items, prompts, strict=True)
+        ]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -31,23 +56,32 @@ class RewardPipeline:
                 task.cancel()
             raise
 
-    async def _score_or_error(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
+    async def encode_prompts(self, items: Sequence[JudgeItem], template: str) -> list[list[int]]:
+        """The token ids of each item's judge prompt (what the engine will prefill)."""
+        judge = get_template(template)
+
+        def encode() -> list[list[int]]:
+            return [self.engine.encode(self.engine.render_chat(judge.messages(item))) for item in items]
+
+        chars = sum(len(i.prompt) + len(i.response) + len(i.response_b or "") + len(i.reference or "") for i in items)
+        return await asyncio.to_thread(encode) if chars > _OFF_LOOP_CHARS else encode()
+
+    async def _score_or_error(self, item: JudgeItem, prompt_ids: list[int], options: JudgeOptions) -> ItemResult:
         try:
-            return await self.score_item(item, options)
+            return await self.score_item(item, options, prompt_ids)
         except ValueError as exc:  # e.g. the prompt does not fit the model's context
             return ItemResult(reward=None, answer=None, route=None, consensus=0.0, votes={}, error=str(exc))
 
-    def prompt_tokens(self, item: JudgeItem, template: str) -> int:
-        """Tokens of the judge prompt this item renders to (what the engine will prefill)."""
-        return self.engine.count_tokens(self.engine.render_chat(get_template(template).messages(item)))
-
-    async def score_item(self, item: JudgeItem, options: JudgeOptions) -> ItemResult:
+    async def score_item(
+        self, item: JudgeItem, options: JudgeOptions, prompt_ids: list[int] | None = None
+    ) -> ItemResult:
         start = time.perf_counter()
         template = get_template(options.template)
-        prefix = self.engine.render_chat(template.messages(item))
+        if prompt_ids is None:
+            (prompt_ids,) = await self.encode_prompts([item], options.template)
         params = self._answer_params(options, template.answers, template.answer_tokens)
         sampling = time.perf_counter()
-        samples = await self.engine.sample(prefix, params)
+        samples = await self.engine.sample(prompt_ids, params)
         sampled = time.perf_counter()
         answers = [template.extract(s.text) for s in samples]
         votes = tally(answers)
