@@ -51,9 +51,11 @@ class RewardPipeline:
             return list(await asyncio.gather(*tasks))
         except BaseException:
             # One item failed the whole request (e.g. the engine queue is full): stop the others
-            # instead of leaving their work running for nobody.
+            # instead of leaving their work running for nobody, and wait until they have let go
+            # of the engine (their queued jobs are then cancelled, never run).
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
     async def encode_prompts(self, items: Sequence[JudgeItem], template: str) -> list[list[int]]:
