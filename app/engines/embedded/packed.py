@@ -45,12 +45,12 @@ class PackedFork:
 
         With a prefix cache, each request's longest known head is copied in, not recomputed.
         """
-        self.lean, self.layout, self.pad_id = lean, layout, pad_id
+        self.lean, self.pad_id = lean, pad_id
         device = lean.device
         self.group_of = [g for g, (_, n) in enumerate(groups) for _ in range(n)]  # branch -> request
         self.rows = len(self.group_of)
-        self.prefix_lens = [len(p) for p, _ in groups]
-        longest = max(self.prefix_lens)
+        prefix_lens = [len(p) for p, _ in groups]
+        longest = max(prefix_lens)
         per_row_new = reserve * (max(n for _, n in groups) if layout is Layout.SEQUENCE else 1)
         self.cache = lean.new_cache(len(groups), longest + per_row_new + 1)
         self.owner = torch.full((len(groups), self.cache.capacity), FREE, dtype=torch.int32, device=device)
@@ -80,7 +80,7 @@ class PackedFork:
         else:
             self.branch_row = list(self.group_of)
             self.branch_owner = [sum(1 for x in self.group_of[:b] if x == g) for b, g in enumerate(self.group_of)]
-        self.lengths = [self.prefix_lens[g] for g in self.group_of]  # tokens each branch attends to
+        self.lengths = [prefix_lens[g] for g in self.group_of]  # tokens each branch attends to
         self.pending: list[list[int]] = [[] for _ in range(self.rows)]  # sampled, not yet in the cache
         self.last_logits = logits.index_select(0, torch.tensor(self.group_of, device=device))  # (branches, V)
 

@@ -17,7 +17,7 @@ import torch
 from app.engines.embedded.decoder import Feed, RowRun
 from app.engines.embedded.fork import ForkState
 from app.engines.embedded.packed import PackedFork
-from app.engines.embedded.scheduler import ContinueJob, Job, ModelJob, SampleJob
+from app.engines.embedded.scheduler import ContinueJob, Job, ModelJob, SampleJob, fail_jobs
 
 Fork = ForkState | PackedFork
 log = logging.getLogger(__name__)
@@ -48,9 +48,7 @@ class Round:
             return False
 
     def fail(self, exc: BaseException) -> None:
-        for job in self.jobs:
-            if not job.future.done():
-                job.future.set_exception(exc)
+        fail_jobs(self.jobs, exc)
 
 
 def on_fork(

@@ -193,11 +193,12 @@ class Scheduler(Generic[R]):
             return self._start(model_jobs)
         except BaseException as exc:
             log.exception("engine batch failed to start")
-            _fail(model_jobs, exc)
+            fail_jobs(model_jobs, exc)
             return []
 
 
-def _fail(jobs: Sequence[ModelJob], exc: BaseException) -> None:
+def fail_jobs(jobs: Sequence[ModelJob], exc: BaseException) -> None:
+    """Tell every caller still waiting that its job failed."""
     for job in jobs:
         if not job.future.done():
             job.future.set_exception(exc)
