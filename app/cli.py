@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from app.config import Settings
 
@@ -35,6 +36,25 @@ def _fetch_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from app.evals.harness import EvalConfig
+    from app.evals.runner import main as run_eval
+
+    config = EvalConfig(
+        m=args.m,
+        tau=args.tau,
+        strategy=args.strategy,
+        long_max_tokens=args.long_max_tokens,
+        seed=args.seed,
+        modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+    )
+    try:
+        return run_eval(args.data, args.split, args.limit, config, args.sweep, args.plot, args.json)
+    except ValueError as exc:
+        print(f"egrm eval: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egrm", description="Routed generative reward scoring (E-GRM).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     fetch = sub.add_parser("fetch-model", help="download and convert the default model (idempotent)")
     fetch.set_defaults(func=_fetch_model)
+    ev = sub.add_parser("eval", help="accuracy, routing and latency on a labelled set (routed, short, long)")
+    ev.add_argument("--data", default="builtin:arith", help="builtin:arith or a JSONL file (see README)")
+    ev.add_argument("--split", default="test", help="builtin sets: train or test")
+    ev.add_argument("--limit", type=int, help="at most this many items, each difficulty keeping its share")
+    ev.add_argument("--m", type=int, default=5, help="answer-only samples per item")
+    ev.add_argument("--tau", type=float, default=0.8, help="consensus threshold for the short path")
+    ev.add_argument("--strategy", default="ladder", choices=["ladder", "fixed", "nucleus"], help="temperatures")
+    ev.add_argument("--modes", default="routed,short,long", help="which of routed,short,long to run")
+    ev.add_argument("--long-max-tokens", type=int, default=96, help="reasoning tokens per long-path candidate")
+    ev.add_argument("--seed", type=int, default=1234)
+    ev.add_argument("--sweep", help="m=3,5,7,10 | tau=0.6,0.8,1.0 | strategy=ladder,fixed,nucleus")
+    ev.add_argument("--plot", type=Path, help="write a PNG of the results here")
+    ev.add_argument("--json", action="store_true", help="print the report as one JSON line on stdout")
+    ev.set_defaults(func=_eval)
     return parser
 
 

@@ -1,0 +1,114 @@
+"""Run labelled items through the real pipeline, routed and forced down each path.
+
+Every item runs once per mode with the same seed. Seeded branches sample the same tokens whatever
+else shares the engine, so the routed run's short samples are the always-short run's, and when it
+routes long its candidates are the always-long run's: the three modes differ only by routing.
+The mode order rotates from item to item so that no mode always runs on a warmer cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from app.config import temperature_ladder
+from app.evals.data import LabelledItem
+from app.pipeline.consensus import tally
+from app.pipeline.service import RewardPipeline
+from app.pipeline.types import ItemResult, JudgeOptions, PathMode, Route
+
+MODES = ("routed", "short", "long")
+_PATH = {"routed": PathMode.AUTO, "short": PathMode.SHORT, "long": PathMode.LONG}
+# ladder: the method's 0.6..1.0; fixed: one temperature for every branch; nucleus: hot, narrow top-p.
+STRATEGIES = ("ladder", "fixed", "nucleus")
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    m: int = 5
+    tau: float = 0.8
+    strategy: str = "ladder"
+    top_p: float = 0.95
+    long_max_tokens: int = 96
+    seed: int = 1234
+    modes: tuple[str, ...] = MODES
+
+    def sampling(self) -> tuple[list[float], float]:
+        """Per-branch temperatures and the shared top-p of a strategy."""
+        if self.strategy == "ladder":
+            return temperature_ladder(self.m), self.top_p
+        if self.strategy == "fixed":
+            return [0.7] * self.m, self.top_p
+        if self.strategy == "nucleus":
+            return [1.0] * self.m, 0.9
+        raise ValueError(f"strategy must be one of {STRATEGIES}, not {self.strategy!r}")
+
+    def options(self, mode: str, template: str, seed: int) -> JudgeOptions:
+        temperatures, top_p = self.sampling()
+        return JudgeOptions(
+            temperatures=temperatures,
+            top_p=top_p,
+            tau=self.tau,
+            path=_PATH[mode],
+            template=template,
+            return_samples=True,
+            seed=seed,
+            long_max_tokens=self.long_max_tokens,
+        )
+
+
+@dataclass(slots=True)
+class ModeRun:
+    """One item through one mode."""
+
+    answer: str | None
+    route: Route | None
+    latency_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    candidates: list[str] = field(default_factory=list)  # long path: the reasoning texts
+
+    @classmethod
+    def of(cls, result: ItemResult) -> ModeRun:
+        return cls(
+            answer=result.answer,
+            route=result.route,
+            latency_ms=result.timings.total_ms,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            candidates=[c.reasoning for c in result.candidates or []],
+        )
+
+
+@dataclass(slots=True)
+class ItemOutcome:
+    item: LabelledItem
+    consensus: float  # of the answer-only samples (the same in every mode)
+    majority: str | None  # the answer-only samples' majority
+    runs: dict[str, ModeRun]
+
+    def correct(self, mode: str) -> bool:
+        return self.runs[mode].answer == self.item.gold
+
+
+async def evaluate(
+    pipeline: RewardPipeline,
+    items: Sequence[LabelledItem],
+    config: EvalConfig,
+    progress: Callable[[], None] = lambda: None,
+) -> list[ItemOutcome]:
+    """Each item through each mode in config.modes, one at a time (latencies are not shared)."""
+    outcomes = []
+    for index, item in enumerate(items):
+        seed = config.seed + 10_000 * index
+        order = config.modes[index % len(config.modes) :] + config.modes[: index % len(config.modes)]
+        results: dict[str, ItemResult] = {}
+        for mode in order:
+            results[mode] = await pipeline.score_item(item.judge_item(), config.options(mode, item.template, seed))
+        first = results[config.modes[0]]
+        majority = tally([s.answer for s in first.samples or []]).majority
+        outcomes.append(
+            ItemOutcome(item, first.consensus, majority, {mode: ModeRun.of(r) for mode, r in results.items()})
+        )
+        progress()
+    return outcomes

@@ -1,0 +1,83 @@
+"""PNG figures of an evaluation: calibration, latency by route, routing against tau, sweeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from app.evals.harness import ItemOutcome
+from app.pipeline.types import Route
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    fig, (cal, lat, tau) = plt.subplots(1, 3, figsize=(15, 4.2))
+    title = f"builtin eval: n={report['n']}, M={report['m']}, tau={report['tau']}, {report['strategy']}"
+    fig.suptitle(title)
+
+    rows = report["calibration"]
+    xs = [r["consensus"] for r in rows]
+    cal.bar(xs, [r["accuracy"] or 0 for r in rows], width=0.12, color="tab:blue")
+    for r in rows:
+        cal.annotate(f"n={r['n']}", (r["consensus"], (r["accuracy"] or 0) + 0.02), ha="center", fontsize=8)
+    cal.axvline(report["tau"], color="grey", linestyle="--", label="tau")
+    cal.set(xlabel="consensus of the M answer-only samples", ylabel="accuracy of their majority", ylim=(0, 1.1))
+    cal.set_title("Calibration")
+    cal.legend()
+
+    runs: dict[str, list[float]] = {"routed: short": [], "routed: long": [], "always long": []}
+    for o in outcomes:
+        if "routed" in o.runs:
+            key = "routed: short" if o.runs["routed"].route is Route.SHORT else "routed: long"
+            runs[key].append(o.runs["routed"].latency_ms / 1000)
+        if "long" in o.runs:
+            runs["always long"].append(o.runs["long"].latency_ms / 1000)
+    shown = {k: v for k, v in runs.items() if v}
+    lat.boxplot(list(shown.values()), tick_labels=[f"{k}\n(n={len(v)})" for k, v in shown.items()])
+    lat.set(ylabel="latency per item (s)", yscale="log")
+    lat.set_title("Latency by route")
+
+    curve = report.get("tau_curve", [])
+    if curve:
+        taus = [r["tau"] for r in curve]
+        tau.plot(taus, [r["accuracy_routed"] for r in curve], marker="o", label="routed accuracy")
+        tau.plot(taus, [r["short_path_rate"] for r in curve], marker="s", label="short-path rate")
+        tau.plot(taus, [r["latency_ratio_routed_vs_long"] for r in curve], marker="^", label="latency vs always-long")
+        if report.get("accuracy_always_long") is not None:
+            tau.axhline(report["accuracy_always_long"], color="grey", linestyle=":", label="always-long accuracy")
+        tau.set(xlabel="tau", ylim=(0, 1.05))
+        tau.legend(fontsize=8)
+    tau.set_title("Routing against tau")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(name: str, rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """One line per metric against the swept value (m, tau or strategy)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = [str(r[name]) for r in rows]
+    metrics = ("accuracy_routed", "accuracy_always_short", "short_path_rate", "short_path_accuracy", "mean_consensus")
+    for metric in metrics:
+        ys = [r.get(metric) for r in rows]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=metric)
+    ax.set(xlabel=name, ylim=(0, 1.05))
+    ax.set_title(f"Sweep over {name}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

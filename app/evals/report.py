@@ -1,0 +1,150 @@
+"""Turn item outcomes into the figures `egrm eval` prints: accuracy, routing, latency, tokens."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from app.evals.harness import MODES, EvalConfig, ItemOutcome, ModeRun
+from app.pipeline.types import Route
+
+NAMES = {"routed": "routed", "short": "always_short", "long": "always_long"}
+TAU_GRID = (0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def _rate(hits: Sequence[bool]) -> float | None:
+    return round(sum(hits) / len(hits), 4) if hits else None
+
+
+def _latency(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "mean": round(float(np.mean(values)), 1),
+        "p50": round(float(np.percentile(values, 50)), 1),
+        "p99": round(float(np.percentile(values, 99)), 1),
+    }
+
+
+def _modes(outcomes: Sequence[ItemOutcome]) -> list[str]:
+    """The modes that ran, in the fixed order routed, short, long."""
+    return [m for m in MODES if outcomes and m in outcomes[0].runs]
+
+
+def routing(outcomes: Sequence[ItemOutcome], tau: float) -> dict[str, Any]:
+    """Accuracy per mode; how often the short path answers and how often it is then right."""
+    out: dict[str, Any] = {"n": len(outcomes)}
+    modes = _modes(outcomes)
+    for mode in modes:
+        out[f"accuracy_{NAMES[mode]}"] = _rate([o.correct(mode) for o in outcomes])
+    if "routed" in modes:
+        short = [o.runs["routed"].route is Route.SHORT for o in outcomes]
+    else:  # a short-only sweep: where routing would send each item, from its consensus
+        short = [o.consensus >= tau for o in outcomes]
+    went_short = [o for o, s in zip(outcomes, short, strict=True) if s]
+    out["short_path_rate"] = _rate(short)
+    out["short_path_accuracy"] = _rate([o.majority == o.item.gold for o in went_short])
+    if "routed" in modes:
+        out["long_path_accuracy"] = _rate([o.correct("routed") for o, s in zip(outcomes, short, strict=True) if not s])
+    out["mean_consensus"] = round(statistics.fmean(o.consensus for o in outcomes), 4) if outcomes else None
+    return out
+
+
+def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, Any]:
+    temperatures, top_p = config.sampling()
+    report: dict[str, Any] = {
+        "m": config.m,
+        "tau": config.tau,
+        "strategy": config.strategy,
+        "temperatures": temperatures,
+        "top_p": top_p,
+        **routing(outcomes, config.tau),
+    }
+    modes = _modes(outcomes)
+    if set(modes) == set(MODES):
+        # Seeded sampling makes a routed item's answer its forced mode's; tau sweeps rely on it.
+        report["routed_matches_forced"] = _rate([_matches_forced(o.runs["routed"], o) for o in outcomes])
+    if "routed" in modes and "long" in modes:
+        report["latency_ratio_routed_vs_long"] = round(
+            statistics.fmean(o.runs["routed"].latency_ms for o in outcomes)
+            / statistics.fmean(o.runs["long"].latency_ms for o in outcomes),
+            4,
+        )
+    report["latency_ms"] = {NAMES[m]: _latency([o.runs[m].latency_ms for o in outcomes]) for m in modes}
+    report["tokens_per_item"] = {
+        NAMES[m]: {
+            "prompt": round(statistics.fmean(o.runs[m].prompt_tokens for o in outcomes), 1),
+            "completion": round(statistics.fmean(o.runs[m].completion_tokens for o in outcomes), 1),
+        }
+        for m in modes
+    }
+    groups = sorted({o.item.difficulty for o in outcomes} - {""})
+    if groups:
+        by = {g: [o for o in outcomes if o.item.difficulty == g] for g in groups}
+        report["by_difficulty"] = {g: routing(group, config.tau) for g, group in by.items()}
+    report["calibration"] = calibration(outcomes)
+    if "short" in modes and "long" in modes:
+        report["tau_curve"] = tau_curve(outcomes)
+    if "long" in modes:
+        report["diversity"] = diversity(outcomes)
+    return report
+
+
+def _matches_forced(routed: ModeRun, outcome: ItemOutcome) -> bool:
+    return routed.route is not None and routed.answer == outcome.runs[routed.route.value].answer
+
+
+def calibration(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
+    """For each consensus level: how many items, and how often their majority answer is right."""
+    levels = sorted({round(o.consensus, 4) for o in outcomes})
+    rows = []
+    for level in levels:
+        group = [o for o in outcomes if round(o.consensus, 4) == level]
+        right = [o.majority == o.item.gold for o in group]
+        rows.append({"consensus": level, "n": len(group), "accuracy": _rate(right)})
+    return rows
+
+
+def tau_curve(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
+    """Routing at other thresholds, without running again: the route is a function of consensus,
+    and seeded samples make each route's answer the one its forced mode gave."""
+    rows = []
+    for tau in TAU_GRID:
+        routed = [o.correct("short") if o.consensus >= tau else o.correct("long") for o in outcomes]
+        latency = [o.runs["short" if o.consensus >= tau else "long"].latency_ms for o in outcomes]
+        rows.append(
+            {
+                "tau": tau,
+                "short_path_rate": _rate([o.consensus >= tau for o in outcomes]),
+                "accuracy_routed": _rate(routed),
+                "latency_ratio_routed_vs_long": round(
+                    statistics.fmean(latency) / statistics.fmean(o.runs["long"].latency_ms for o in outcomes), 4
+                ),
+            }
+        )
+    return rows
+
+
+def self_bleu(texts: Sequence[str]) -> float | None:
+    """Mean BLEU of each text against the others (1 = identical candidates, 0 = nothing shared)."""
+    from sacrebleu.metrics import BLEU
+
+    if len(texts) < 2:
+        return None
+    bleu = BLEU(effective_order=True)
+    scores = [bleu.sentence_score(t, [*texts[:i], *texts[i + 1 :]]).score for i, t in enumerate(texts)]
+    return statistics.fmean(scores) / 100
+
+
+def diversity(outcomes: Sequence[ItemOutcome]) -> dict[str, Any]:
+    """Self-BLEU of each item's long-path candidates, and its correlation with consensus (the
+    method reports that diverse samples go with low consensus: a negative correlation)."""
+    pairs = [(o.consensus, self_bleu(o.runs["long"].candidates)) for o in outcomes]
+    known = [(c, b) for c, b in pairs if b is not None]
+    out: dict[str, Any] = {"self_bleu": round(statistics.fmean(b for _, b in known), 4) if known else None}
+    if len(known) > 2 and len({c for c, _ in known}) > 1 and len({b for _, b in known}) > 1:
+        out["corr_diversity_vs_consensus"] = round(
+            statistics.correlation([c for c, _ in known], [1 - b for _, b in known]), 4
+        )
+    return out

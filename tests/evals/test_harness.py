@@ -1,0 +1,85 @@
+"""The evaluation harness on the real model: three modes per item, and `egrm eval` end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.engines.embedded.engine import EmbeddedEngine
+from app.evals.data import builtin_arith
+from app.evals.harness import EvalConfig, evaluate
+from app.evals.report import summarise
+from app.evals.runner import take
+from app.pipeline.service import RewardPipeline
+from app.pipeline.types import Route
+from app.scorer.heuristic import HeuristicScorer
+
+pytestmark = pytest.mark.slow
+
+
+def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) -> None:
+    items = take(builtin_arith("test"), 3)
+    config = EvalConfig(long_max_tokens=8)
+    outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
+    for o in outcomes:
+        assert set(o.runs) == {"routed", "short", "long"}
+        assert o.runs["short"].route is Route.SHORT and o.runs["long"].route is Route.LONG
+        expected = Route.SHORT if o.consensus >= config.tau else Route.LONG
+        assert o.runs["routed"].route is expected
+        # Same seed, same samples: the routed answer is the forced mode's (tau sweeps rely on it).
+        assert o.runs["routed"].answer == o.runs[expected.value].answer
+        assert o.majority == o.runs["short"].answer
+        assert len(o.runs["long"].candidates) == config.m
+        assert o.runs["long"].completion_tokens > o.runs["short"].completion_tokens
+    report = summarise(outcomes, config)
+    assert report["routed_matches_forced"] == 1.0
+    assert report["n"] == 3 and set(report["by_difficulty"]) == {"easy", "medium", "hard"}
+
+
+def _eval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app.cli", "eval", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "eval.png"
+    done = _eval("--limit", "2", "--long-max-tokens", "8", "--json", "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    report = json.loads(line)
+    for key in ("n", "accuracy_routed", "accuracy_always_short", "accuracy_always_long", "short_path_rate",
+                "short_path_accuracy", "latency_ratio_routed_vs_long", "latency_ms", "tokens_per_item",
+                "by_difficulty", "calibration", "tau_curve"):  # fmt: skip
+        assert key in report, key
+    assert report["n"] == 2 and report["data"] == "builtin:arith"
+    assert set(report["latency_ms"]["routed"]) == {"mean", "p50", "p99"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "accuracy_routed" in done.stderr  # the table
+
+
+def test_cli_tau_sweep_runs_the_forced_modes_once(tmp_path: Path) -> None:
+    done = _eval("--limit", "2", "--long-max-tokens", "8", "--json", "--sweep", "tau=0.6,1.0")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["sweep"] == "tau" and [r["tau"] for r in report["rows"]] == [0.6, 1.0]
+    assert report["rows"][1]["short_path_rate"] <= report["rows"][0]["short_path_rate"]
+    assert done.stderr.count("eval m=5") >= 1 and "tau | " in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "/nonexistent.jsonl"], "no such file"),
+        (["--split", "dev"], "split"),
+        (["--sweep", "m=99"], "--sweep"),
+        (["--modes", "short,sideways"], "--modes"),
+    ],
+)
+def test_cli_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:
+    done = _eval(*args)
+    assert done.returncode == 2
+    assert message in done.stderr and done.stdout == ""
