@@ -189,3 +189,18 @@ def _common(a: list[int], b: tuple[int, ...]) -> int:
             break
         n += 1
     return n
+
+
+if __name__ == "__main__":  # serve the stand-in alone, to dry-run the live tests' code without a GPU
+    import argparse
+
+    import uvicorn
+
+    from app.config import Settings
+    from app.engines.embedded.fetch import model_dir
+    from app.engines.remote.tokenizer import load_tokenizer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=30000)
+    port = parser.parse_args().port
+    uvicorn.run(StubRuntime(load_tokenizer(model_dir(Settings().cache_dir))).app(), host="127.0.0.1", port=port)
