@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_M = 16
@@ -32,11 +32,15 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Bind address; loopback unless exposed on purpose.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    engine: Literal["embedded"] = Field("embedded", description="Engine backend.")
+    engine: Literal["embedded", "sglang", "openai"] = Field(
+        "embedded",
+        description="Engine backend: the in-process torch model, an SGLang runtime, or an OpenAI-compatible server.",
+    )
     model: str = Field(
         "",
         description="Local Hugging Face model folder or .gguf file; empty = the default "
-        "SmolLM2-135M-Instruct fetched by `egrm fetch-model`.",
+        "SmolLM2-135M-Instruct fetched by `egrm fetch-model`. With a remote engine, only its "
+        "tokenizer and config are read: it must be the model the backend serves.",
     )
     model_name: str = Field("", description="Model id reported by the API; default: folder name.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
@@ -53,6 +57,23 @@ class Settings(BaseSettings):
     )
     max_batch_branches: int = Field(128, ge=1, description="Most branches decoded in one engine step.")
     max_queue: int = Field(1024, ge=1, description="Most engine jobs waiting; more are refused.")
+    sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang runtime base URL (EGRM_ENGINE=sglang).")
+    sglang_api_key: SecretStr = Field(
+        SecretStr(""), description="Bearer key of the SGLang runtime (its --api-key); empty = none."
+    )
+    openai_url: str = Field(
+        "", description="OpenAI-compatible API base URL, with its /v1 (EGRM_ENGINE=openai; required there)."
+    )
+    openai_api_key: SecretStr = Field(SecretStr(""), description="Bearer key of the OpenAI-compatible server.")
+    openai_model: str = Field("", description="Model id to request; empty = the first one the server lists.")
+    openai_dialect: Literal["openai", "vllm", "vllm-legacy"] = Field(
+        "openai",
+        description="Fields beyond the OpenAI API: vllm = structured_outputs regex for answers and "
+        "returned token ids; vllm-legacy = guided_regex; openai = none (answers read from free text).",
+    )
+    backend_timeout_s: float = Field(
+        120.0, gt=0, description="Most seconds one call to a remote backend may take (503 past it)."
+    )
     m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
     tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")
@@ -87,6 +108,12 @@ class Settings(BaseSettings):
     def _check_model_path(self) -> Settings:
         if self.model and not Path(self.model).expanduser().exists():
             raise ValueError(f"EGRM_MODEL={self.model!r} does not exist")
+        return self
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> Settings:
+        if self.engine == "openai" and not self.openai_url:
+            raise ValueError("EGRM_OPENAI_URL is required with EGRM_ENGINE=openai (e.g. http://127.0.0.1:8000/v1)")
         return self
 
     @property

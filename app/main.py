@@ -23,13 +23,24 @@ from app.scorer.heuristic import HeuristicScorer
 log = logging.getLogger(__name__)
 
 
-def build_engine(settings: Settings) -> Engine:
-    from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
+def model_path(settings: Settings) -> Path:
+    """The local model folder: the embedded engine's weights, a remote engine's tokenizer."""
     from app.engines.embedded.fetch import model_dir
 
     path = Path(settings.model).expanduser() if settings.model else model_dir(settings.cache_dir)
     if not path.exists():
         raise RuntimeError(f"no model at {path}: run `egrm fetch-model` (or set EGRM_MODEL)")
+    return path
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "sglang":
+        return _sglang(settings)
+    if settings.engine == "openai":
+        return _openai(settings)
+    from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
+
+    path = model_path(settings)
     log.info("loading %s (%s)", path, settings.dtype)
     return EmbeddedEngine.load(
         str(path),
@@ -41,6 +52,38 @@ def build_engine(settings: Settings) -> Engine:
         max_batch_branches=settings.max_batch_branches,
         max_queue=settings.max_queue,
     )
+
+
+def _sglang(settings: Settings) -> Engine:
+    from app.engines.remote.tokenizer import load_tokenizer
+    from app.engines.sglang import SGLangEngine
+
+    engine = SGLangEngine(
+        load_tokenizer(model_path(settings)),
+        settings.sglang_url,
+        api_key=settings.sglang_api_key.get_secret_value(),
+        timeout_s=settings.backend_timeout_s,
+        max_queue=settings.max_queue,
+    )
+    log.info("engine: SGLang runtime at %s", engine.url)
+    return engine
+
+
+def _openai(settings: Settings) -> Engine:
+    from app.engines.openai import OpenAIEngine
+    from app.engines.remote.tokenizer import load_tokenizer
+
+    engine = OpenAIEngine(
+        load_tokenizer(model_path(settings)),
+        settings.openai_url,
+        api_key=settings.openai_api_key.get_secret_value(),
+        model=settings.openai_model,
+        dialect=settings.openai_dialect,
+        timeout_s=settings.backend_timeout_s,
+        max_queue=settings.max_queue,
+    )
+    log.info("engine: OpenAI-compatible server at %s (%s dialect)", engine.url, settings.openai_dialect)
+    return engine
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engines.base import EngineBusyError
+from app.engines.base import EngineBusyError, EngineUnavailableError
 from app.pipeline.service import PromptTooLongError
 from app.protocol import ErrorDetail, ErrorResponse
 
@@ -85,6 +85,11 @@ def _busy(_: Request, exc: Exception) -> JSONResponse:
     return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
 
 
+def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+    # The message names the backend's URL (never a key); the client may retry once it is back.
+    return error_response(503, "engine_unavailable", str(exc), headers={"Retry-After": "5"})
+
+
 def _unhandled(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return error_response(500, "internal_error", f"internal error: {type(exc).__name__}")
@@ -95,6 +100,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(EngineBusyError, _busy)
+    app.add_exception_handler(EngineUnavailableError, _unavailable)
     app.add_exception_handler(PromptTooLongError, _prompt_too_long)
     app.add_exception_handler(ClientGoneError, _client_gone)
     app.add_exception_handler(Exception, _unhandled)

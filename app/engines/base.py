@@ -114,3 +114,11 @@ class ContextLengthError(ValueError):
 
 class EngineBusyError(RuntimeError):
     """The engine's queue is full; the caller should retry later (HTTP 429)."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine's backend (a remote runtime) cannot be reached or answered badly (HTTP 503)."""
+
+
+class BackendRejectedError(ValueError):
+    """The backend refused this input (its HTTP 4xx): the item gets an error, the others go on."""

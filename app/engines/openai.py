@@ -1,0 +1,218 @@
+"""The OpenAI-compatible backend: branches as POST {url}/completions calls (vLLM, llama.cpp, ...).
+
+The completions API samples one parameter set per call, so M branches with M temperatures are M
+concurrent calls (the server batches them; with prefix caching they share the prompt's KV); when
+every branch asks for the same thing, ONE call with `n` = M. Prompts go as token ids (the
+OpenAI API and vLLM accept a list of ints): no second tokenization, exact prompt counts.
+
+The wire format: OpenAI API reference, "Completions" (POST /v1/completions: prompt, max_tokens,
+temperature, top_p, n, stop, seed, logprobs; response choices[i] = {index, text, logprobs:
+{tokens, token_logprobs, top_logprobs, text_offset}, finish_reason: "stop" | "length"}, usage =
+{prompt_tokens, completion_tokens, total_tokens}), and vLLM's extensions in
+vllm/entrypoints/openai/protocol.py (CompletionRequest: structured_outputs {"regex"}, older
+guided_regex, return_token_ids, ignore_eos; CompletionResponseChoice.token_ids; UsageInfo.
+prompt_tokens_details.cached_tokens). Errors: {"error": {"message", "type", "param", "code"}}.
+
+Dialects (EGRM_OPENAI_DIALECT): "openai" sends standard fields only: answers are free text that
+the pipeline's templates read with their patterns, and branch token ids are our tokenizer's
+reading of the text; "vllm" adds structured_outputs.regex (constrained answers), return_token_ids
+and ignore_eos; "vllm-legacy" sends guided_regex (vLLM before structured_outputs) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from app.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, FinishReason
+from app.engines.remote.answers import answers_regex
+from app.engines.remote.client import BackendClient
+from app.engines.remote.tokenizer import LocalTokenizer
+
+Dialect = Literal["openai", "vllm", "vllm-legacy"]
+_COMPLETIONS = "/completions"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIBranch:
+    """A branch's context to continue from: prompt ids + the branch's tokens."""
+
+    engine: int  # id() of the engine that sampled it
+    ids: tuple[int, ...]
+
+
+class OpenAIEngine:
+    def __init__(
+        self,
+        tokenizer: LocalTokenizer,
+        url: str,
+        api_key: str = "",
+        model: str = "",
+        dialect: Dialect = "openai",
+        timeout_s: float = 120.0,
+        max_queue: int = 1024,
+    ):
+        """url: the API base, as the OpenAI SDK takes it (e.g. http://127.0.0.1:8000/v1)."""
+        self._tok = tokenizer
+        self._client = BackendClient("OpenAI-compatible server", url, api_key, timeout_s)
+        self._model = model or None  # None: the first model the server lists
+        self.dialect = dialect
+        self._ready_timeout_s = min(timeout_s, 10.0)
+        self._max_queue = max_queue
+        self._in_flight = 0
+        self._stats = EngineStats()
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    @property
+    def model_name(self) -> str:
+        return self._model or self._tok.name
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        return self._tok.render_chat(messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
+        if not branches:
+            raise ValueError("branches must not be empty")
+        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
+        if not ids:
+            raise ValueError("prefix must not be empty")
+        self._tok.check_context(len(ids), branches)
+        async with self._slot(len(branches)):
+            if len(branches) > 1 and all(b == branches[0] for b in branches):
+                return await self._complete(ids, branches[0], len(branches))
+            done = await _all_or_none([self._complete(ids, b, 1) for b in branches])
+        return [branch for one in done for branch in one]
+
+    async def continue_branches(
+        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+    ) -> list[Branch]:
+        if len(handles) != len(branches):
+            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
+        if not text:
+            raise ValueError("text to append must not be empty")
+        if not all(isinstance(h, OpenAIBranch) and h.engine == id(self) for h in handles):
+            raise ValueError("handles must come from this engine's sample()")
+        appended = self.encode(text)
+        contexts = [[*h.ids, *appended] for h in handles]
+        self._tok.check_context(max(len(c) for c in contexts), branches)
+        async with self._slot(len(branches)):
+            done = await _all_or_none([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+        return [one[0] for one in done]
+
+    def request_body(self, model: str, ids: list[int], p: BranchParams, n: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": ids,
+            "max_tokens": p.max_new_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "n": n,
+            "logprobs": 1,  # the sampled token's log-prob comes with it (and at most one other)
+        }
+        if p.stop:
+            body["stop"] = list(p.stop)
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if self.dialect != "openai":
+            if p.ignore_eos:
+                body["ignore_eos"] = True
+            if p.allowed is not None:
+                regex = answers_regex(p.allowed)
+                if self.dialect == "vllm":
+                    body["structured_outputs"] = {"regex": regex}
+                else:
+                    body["guided_regex"] = regex
+        if self.dialect == "vllm":
+            body["return_token_ids"] = True
+        return body
+
+    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+        model = self._model or await self._first_model()
+        answer = await self._client.post(_COMPLETIONS, self.request_body(model, ids, p, n))
+        self._stats.batches += 1
+        try:
+            choices = sorted(answer["choices"], key=lambda c: int(c["index"]))
+            usage = answer.get("usage") or {}
+            prompt = int(usage.get("prompt_tokens") or len(ids))
+            cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            branches = [self._branch(ids, c, prompt, cached if i == 0 else prompt) for i, c in enumerate(choices)]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._client.malformed(_COMPLETIONS, f"{type(exc).__name__}: {exc}") from exc
+        if len(branches) != n:
+            raise self._client.malformed(_COMPLETIONS, f"{len(branches)} choices for n={n}")
+        # With n > 1 the server computed the prompt once: the first choice carries it, the
+        # others shared it (as the embedded engine counts its branches).
+        self._stats.prefix_cache_hit_tokens += cached + prompt * (n - 1)
+        return branches
+
+    def _branch(self, context: list[int], choice: dict[str, Any], prompt: int, cached: int) -> Branch:
+        text = str(choice["text"])
+        logprobs = choice.get("logprobs") or {}
+        values = [float(v) for v in logprobs.get("token_logprobs") or [] if v is not None]
+        # vLLM returns the sampled ids; a plain OpenAI server does not, so our tokenizer reads the text.
+        ids = [int(i) for i in choice["token_ids"]] if choice.get("token_ids") is not None else self.encode(text)
+        return Branch(
+            text=text,
+            token_ids=ids,
+            finish_reason=FinishReason.LENGTH if choice.get("finish_reason") == "length" else FinishReason.STOP,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            logprobs=values,
+            handle=OpenAIBranch(id(self), (*context, *self._tok.without_eos(ids))),
+        )
+
+    async def _first_model(self) -> str:
+        listing = await self._client.get("/models")
+        try:
+            self._model = str(listing["data"][0]["id"])
+        except (KeyError, TypeError, IndexError) as exc:
+            raise self._client.malformed("/models", "no model listed; set EGRM_OPENAI_MODEL") from exc
+        return self._model
+
+    @asynccontextmanager
+    async def _slot(self, branches: int) -> AsyncIterator[None]:
+        """Bound the calls waiting on the server, as the embedded engine bounds its queue."""
+        if self._in_flight >= self._max_queue:
+            raise EngineBusyError(f"{self._in_flight} calls are waiting on the OpenAI-compatible server")
+        self._in_flight += 1
+        self._stats.batched_requests += 1
+        self._stats.batched_branches += branches
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self._in_flight
+        return self._stats
+
+    async def ready(self) -> bool:
+        return await self._client.probe("/models", self._ready_timeout_s)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+async def _all_or_none(calls: Sequence[Awaitable[T]]) -> list[T]:
+    """Await all calls; when one fails, cancel the others (nobody would read them) and re-raise."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

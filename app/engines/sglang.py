@@ -1,0 +1,263 @@
+"""The SGLang backend: the M branches of a prompt as ONE batched POST /generate to a runtime.
+
+SGLang shares the prompt's KV through its radix cache. A batch of M copies of a prompt that is
+not cached yet would be prefilled M times (the copies are scheduled together), so the prompt is
+first sent alone with max_new_tokens 0: what SGLang's own frontend does before a fork
+(python/sglang/lang/backend/runtime_endpoint.py, cache_prefix). Then the M branches, each with
+its own sampling parameters, hit the cached prompt; `meta_info.cached_tokens` shows it.
+
+The wire format, from SGLang's source (python/sglang/srt/):
+- request, managers/io_struct.py GenerateReqInput: `input_ids` (a list of lists for a batch),
+  `sampling_params` (a dict, or a list of one dict per prompt: sampling/sampling_params.py
+  SamplingParams: temperature, top_p, max_new_tokens, stop, regex, ignore_eos, sampling_seed),
+  `return_logprob`, `logprob_start_len` (where prompt logprobs start; it caps the cache hit).
+- response, entrypoints/http_server.py generate_request -> managers/tokenizer_manager.py
+  _handle_batch_output: per prompt {"text", "output_ids", "meta_info"}, a list for a batch;
+  meta_info has id, prompt_tokens, completion_tokens, cached_tokens, finish_reason (a dict from
+  managers/schedule_batch.py FINISH_*.to_json(): {"type": "stop", "matched": str | token id},
+  {"type": "length", "length": n}, {"type": "abort", "message": ...}), and with return_logprob
+  output_token_logprobs: [[logprob, token_id, text | null], ...] (detokenize_logprob_tokens).
+- errors, http_server.py _create_error_response: HTTP 400 {"error": {"message": ...}}.
+- health: GET /health (200 when the runtime answers); model: GET /model_info or the older
+  GET /get_model_info, {"model_path": ...}.
+
+Continuing a branch (the long path) sends the branch's whole context (prompt + its tokens +
+the new text) as token ids: the runtime finds all but the new text in its radix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from app.engines.base import (
+    BackendRejectedError,
+    Branch,
+    BranchParams,
+    EngineBusyError,
+    EngineStats,
+    EngineUnavailableError,
+    FinishReason,
+)
+from app.engines.remote.answers import answers_regex
+from app.engines.remote.client import BackendClient
+from app.engines.remote.tokenizer import LocalTokenizer
+
+_GENERATE = "/generate"
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangBranch:
+    """A branch's full context as the runtime holds it: prompt ids + its own output ids."""
+
+    engine: int  # id() of the engine that sampled it
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Output:
+    text: str
+    ids: list[int]
+    finish: FinishReason
+    matched_token: int | None  # the stop token id, when a token ended the branch
+    prompt_tokens: int
+    cached_tokens: int
+    logprobs: list[float]
+
+
+def sampling_params(p: BranchParams) -> dict[str, Any]:
+    """One branch's SamplingParams dict; temperature 0 is greedy in SGLang too."""
+    params: dict[str, Any] = {"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens}
+    if p.stop:
+        params["stop"] = list(p.stop)
+    if p.allowed is not None:
+        params["regex"] = answers_regex(p.allowed)
+    if p.seed is not None:
+        params["sampling_seed"] = p.seed
+    if p.ignore_eos:
+        params["ignore_eos"] = True
+    return params
+
+
+def _logprobs_of_output(prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """Ask for the output tokens' logprobs without losing the cached prompt.
+
+    The runtime reuses a cached prefix only up to logprob_start_len (managers/schedule_batch.py
+    _compute_max_prefix_len; older releases cap it even at -1), so start at the last prompt
+    token: the whole prompt but one stays a cache hit, as it would without logprobs.
+    """
+    return {"return_logprob": True, "logprob_start_len": [len(p) - 1 for p in prompts]}
+
+
+class SGLangEngine:
+    def __init__(
+        self,
+        tokenizer: LocalTokenizer,
+        url: str,
+        api_key: str = "",
+        timeout_s: float = 120.0,
+        max_queue: int = 1024,
+    ):
+        self._tok = tokenizer
+        self._client = BackendClient("SGLang runtime", url, api_key, timeout_s)
+        self._ready_timeout_s = min(timeout_s, 10.0)
+        self._max_queue = max_queue
+        self._in_flight = 0
+        self._stats = EngineStats()
+        self._runtime_model: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    @property
+    def model_name(self) -> str:
+        return self._runtime_model or self._tok.name
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        return self._tok.render_chat(messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
+        if not branches:
+            raise ValueError("branches must not be empty")
+        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
+        if not ids:
+            raise ValueError("prefix must not be empty")
+        self._tok.check_context(len(ids), branches)
+        async with self._slot(len(branches)):
+            warm = (await self._generate({"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}))[0]
+            outs = await self._generate(
+                {
+                    "input_ids": [ids] * len(branches),
+                    "sampling_params": [sampling_params(b) for b in branches],
+                    **_logprobs_of_output([ids] * len(branches)),
+                }
+            )
+        self._expect(len(outs), len(branches))
+        done = [self._branch(ids, o) for o in outs]
+        # The warm-up computed the prompt once for all branches: the first branch pays for it, as
+        # in the embedded engine, so usage counts what the runtime actually computed.
+        warm_computed = warm.prompt_tokens - warm.cached_tokens
+        done[0].cached_prompt_tokens = max(0, done[0].cached_prompt_tokens - warm_computed)
+        return done
+
+    async def continue_branches(
+        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+    ) -> list[Branch]:
+        if len(handles) != len(branches):
+            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
+        if not text:
+            raise ValueError("text to append must not be empty")
+        if not all(isinstance(h, SGLangBranch) and h.engine == id(self) for h in handles):
+            raise ValueError("handles must come from this engine's sample()")
+        appended = self.encode(text)
+        contexts = [[*h.ids, *appended] for h in handles]
+        self._tok.check_context(max(len(c) for c in contexts), branches)
+        async with self._slot(len(branches)):
+            outs = await self._generate(
+                {
+                    "input_ids": contexts,
+                    "sampling_params": [sampling_params(b) for b in branches],
+                    **_logprobs_of_output(contexts),
+                }
+            )
+        self._expect(len(outs), len(branches))
+        return [self._branch(c, o) for c, o in zip(contexts, outs, strict=True)]
+
+    def _branch(self, context: list[int], out: _Output) -> Branch:
+        own = out.ids[:-1] if out.matched_token is not None and out.ids[-1:] == [out.matched_token] else out.ids
+        return Branch(
+            text=out.text,
+            token_ids=out.ids,
+            finish_reason=out.finish,
+            prompt_tokens=out.prompt_tokens,
+            cached_prompt_tokens=out.cached_tokens,
+            logprobs=out.logprobs,
+            handle=SGLangBranch(id(self), (*context, *self._tok.without_eos(own))),
+        )
+
+    @asynccontextmanager
+    async def _slot(self, branches: int) -> AsyncIterator[None]:
+        """Bound the calls waiting on the runtime, as the embedded engine bounds its queue."""
+        if self._in_flight >= self._max_queue:
+            raise EngineBusyError(f"{self._in_flight} calls are waiting on the SGLang runtime (EGRM_MAX_QUEUE)")
+        self._in_flight += 1
+        self._stats.batched_requests += 1
+        self._stats.batched_branches += branches
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    async def _generate(self, body: dict[str, Any]) -> list[_Output]:
+        answer = await self._client.post(_GENERATE, body)
+        self._stats.batches += 1
+        items = answer if isinstance(answer, list) else [answer]
+        outs = [self._parse(item) for item in items]
+        self._stats.prefix_cache_hit_tokens += sum(o.cached_tokens for o in outs)
+        return outs
+
+    def _parse(self, item: Any) -> _Output:
+        try:
+            reason = item["meta_info"]["finish_reason"]
+        except (KeyError, TypeError) as exc:
+            raise self._client.malformed(_GENERATE, f"no meta_info.finish_reason: {exc!r}") from exc
+        if isinstance(reason, dict) and reason.get("type") == "abort":
+            raise BackendRejectedError(f"SGLang runtime at {self.url} aborted a branch: {reason.get('message')}")
+        try:
+            meta = item["meta_info"]
+            text = str(item["text"])
+            logprobs = [float(t[0]) for t in meta.get("output_token_logprobs") or [] if t[0] is not None]
+            ids = item.get("output_ids")
+            if ids is None:  # runtimes before output_ids was returned: the ids ride with the logprobs
+                ids = [int(t[1]) for t in meta.get("output_token_logprobs") or []] or self.encode(text)
+            kind = reason.get("type") if isinstance(reason, dict) else reason
+            matched = reason.get("matched") if isinstance(reason, dict) else None
+            return _Output(
+                text=text,
+                ids=[int(i) for i in ids],
+                finish=FinishReason.LENGTH if kind == "length" else FinishReason.STOP,
+                matched_token=matched if isinstance(matched, int) else None,
+                prompt_tokens=int(meta["prompt_tokens"]),
+                cached_tokens=int(meta.get("cached_tokens") or 0),
+                logprobs=logprobs,
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise self._client.malformed(_GENERATE, f"{type(exc).__name__}: {exc}") from exc
+
+    def _expect(self, got: int, want: int) -> None:
+        if got != want:
+            raise self._client.malformed(_GENERATE, f"{got} results for {want} prompts")
+
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self._in_flight
+        return self._stats
+
+    async def ready(self) -> bool:
+        if not await self._client.probe("/health", self._ready_timeout_s):
+            return False
+        if self._runtime_model is None:
+            self._runtime_model = await self._model_id()
+        return True
+
+    async def _model_id(self) -> str | None:
+        """The runtime's own model id (its model_path), once it answers."""
+        for path in ("/model_info", "/get_model_info"):  # /get_model_info is the older name
+            try:
+                info = await self._client.get(path, self._ready_timeout_s)
+            except (EngineUnavailableError, BackendRejectedError):
+                continue
+            if isinstance(info, dict) and info.get("model_path"):
+                return str(info["model_path"])
+        return None
+
+    async def close(self) -> None:
+        await self._client.close()

@@ -1,0 +1,82 @@
+"""The HTTP API on the remote engines, built by the app's own lifespan from settings, against stand-ins."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.main import create_app
+from loadtest.serverproc import free_port
+from tests.engines.openai_stub import StubOpenAI
+from tests.engines.sglang_stub import StubRuntime, split
+from tests.engines.stubserver import serve
+
+ITEM = {"prompt": "What is 12 + 30?", "response": "42"}
+
+
+@pytest.fixture
+def sglang(tok) -> Iterator[StubRuntime]:
+    stub = StubRuntime(tok)
+    with serve(stub.app()) as url:
+        stub.url = url  # type: ignore[attr-defined]
+        yield stub
+
+
+def client(model_path, **settings) -> TestClient:
+    return TestClient(create_app(Settings(model=str(model_path), **settings)))
+
+
+def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
+    with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
+        assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+        short = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
+        sglang.answers = split(" Yes", " No")
+        long = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
+    assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)
+    assert short.json()["model"] == sglang.model_path  # the runtime's own model id
+    (s,), (lng,) = short.json()["results"], long.json()["results"]
+    assert s["route"] == "short" and s["reward"] == 1.0 and s["error"] is None
+    assert lng["route"] == "long" and len(lng["candidates"]) == 5 and lng["answer"] in ("Yes", "No")
+    assert short.json()["usage"]["cached_prompt_tokens"] > 0
+    assert len(sglang.requests) == 2 + 4  # short: warm-up + batch; long: + reasoning + final
+
+
+def test_runtime_down_is_503_and_not_ready(model_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    with client(model_path, engine="sglang", sglang_url=url) as c:
+        ready = c.get("/readyz")
+        r = c.post("/v1/rewards", json={"items": [ITEM, ITEM]})
+    assert ready.status_code == 503 and ready.json()["engine"] is False
+    assert r.status_code == 503 and r.headers["retry-after"]
+    error = r.json()["error"]
+    assert error["type"] == "engine_unavailable" and url in error["message"] and "unreachable" in error["message"]
+
+
+def test_runtime_http_500_is_503_and_a_rejected_item_is_a_per_item_error(sglang, model_path):
+    with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
+        sglang.failures.append((500, b"Internal Server Error", "text/plain"))
+        failed = c.post("/v1/rewards", json={"items": [ITEM]})
+        sglang.failures.append((400, b'{"error": {"message": "bad input"}}', "application/json"))
+        rejected = c.post("/v1/rewards", json={"items": [ITEM]})
+    assert failed.status_code == 503 and "HTTP 500" in failed.json()["error"]["message"]
+    assert rejected.status_code == 200
+    (item,) = rejected.json()["results"]
+    assert item["reward"] is None and "bad input" in item["error"]["message"]
+
+
+def test_rewards_on_an_openai_compatible_server(tok, model_path):
+    stub = StubOpenAI(tok, api_key="sk-test")
+    with serve(stub.app()) as url:
+        with client(model_path, engine="openai", openai_url=url + "/v1", openai_api_key="sk-test") as c:
+            ready = c.get("/readyz")
+            r = c.post("/v1/rewards", json={"items": [ITEM]})
+    assert ready.status_code == 200 and r.status_code == 200, r.text
+    assert r.json()["results"][0]["answer"] == "Yes" and r.json()["model"] == "stub-judge"
+
+
+def test_openai_engine_needs_its_url(model_path):
+    with pytest.raises(ValueError, match="EGRM_OPENAI_URL is required"):
+        Settings(model=str(model_path), engine="openai")

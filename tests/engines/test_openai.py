@@ -1,0 +1,185 @@
+"""The OpenAI-compatible backend against a stand-in completions server (openai_stub.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from app.engines.base import BackendRejectedError, BranchParams, EngineBusyError, EngineUnavailableError
+from app.engines.openai import OpenAIEngine
+from app.pipeline.service import RewardPipeline
+from app.pipeline.templates import get_template
+from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
+from app.scorer.heuristic import HeuristicScorer
+from loadtest.serverproc import free_port
+from tests.engines.openai_stub import StubOpenAI
+from tests.engines.sglang_stub import split
+from tests.engines.stubserver import serve
+
+LADDER = [0.6, 0.7, 0.8, 0.9, 1.0]
+ITEM = JudgeItem(prompt="What is 12 + 30?", response="42")
+
+
+@pytest.fixture
+def server(tok) -> Iterator[tuple[StubOpenAI, str]]:
+    stub = StubOpenAI(tok)
+    with serve(stub.app()) as url:
+        yield stub, url + "/v1"
+
+
+def run(url, tok, work, **kwargs):
+    async def main():
+        engine = OpenAIEngine(tok, url, **kwargs)
+        try:
+            return await work(engine)
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())
+
+
+def answer_params(temperatures=LADDER, seed: int | None = 7) -> list[BranchParams]:
+    return [
+        BranchParams(temperature=t, top_p=0.95, max_new_tokens=4, allowed=("Yes", "No"), seed=seed and seed + i)
+        for i, t in enumerate(temperatures)
+    ]
+
+
+def options(**kw) -> JudgeOptions:
+    base = dict(temperatures=LADDER, top_p=0.95, tau=0.8, path=PathMode.AUTO, template="verdict", seed=3)
+    return JudgeOptions(**{**base, "long_max_tokens": 24, **kw})
+
+
+def prompt_ids(tok) -> list[int]:
+    return tok.encode(tok.render_chat(get_template("verdict").messages(ITEM)))
+
+
+def test_each_temperature_is_its_own_call_with_standard_fields_only(server, tok):
+    stub, url = server
+    ids = prompt_ids(tok)
+    branches = run(url, tok, lambda e: e.sample(ids, answer_params()))
+    assert len(stub.requests) == 5
+    by_temperature = sorted(stub.requests, key=lambda r: r["temperature"])
+    assert [r["temperature"] for r in by_temperature] == LADDER
+    assert all(
+        r
+        == {
+            "model": "stub-judge",
+            "prompt": ids,
+            "max_tokens": 4,
+            "temperature": t,
+            "top_p": 0.95,
+            "n": 1,
+            "logprobs": 1,
+            "seed": 7 + i,
+        }
+        for i, (t, r) in enumerate(zip(LADDER, by_temperature, strict=True))
+    )
+    assert [b.text for b in branches] == [" Yes"] * 5
+    assert all(b.token_ids == tok.encode(" Yes") and len(b.logprobs) == b.completion_tokens for b in branches)
+    assert all(
+        b.prompt_tokens == len(ids) and b.cached_prompt_tokens == 0 for b in branches
+    )  # no details: none claimed
+
+
+def test_identical_branches_are_one_call_with_n(server, tok):
+    stub, url = server
+    ids = prompt_ids(tok)
+    branches = run(url, tok, lambda e: e.sample(ids, answer_params([0.8] * 5, seed=None)))
+    (call,) = stub.requests
+    assert call["n"] == 5 and call["prompt"] == ids
+    # The server computed the prompt once: the first choice carries it, the others shared it.
+    assert [b.cached_prompt_tokens for b in branches] == [0] + [len(ids)] * 4
+
+
+@pytest.mark.parametrize(("dialect", "field"), [("vllm", "structured_outputs"), ("vllm-legacy", "guided_regex")])
+def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, field):
+    stub, url = server
+    stub.vllm = True
+    ids = prompt_ids(tok)
+
+    async def twice(engine):
+        await engine.sample(ids, answer_params()[:1])
+        return await engine.sample(ids, answer_params()[:1])
+
+    (branch,) = run(url, tok, twice, dialect=dialect)
+    sent = stub.requests[-1]
+    assert sent[field] == ({"regex": " ?(Yes|No)"} if dialect == "vllm" else " ?(Yes|No)")
+    assert sent.get("return_token_ids") is (True if dialect == "vllm" else None)
+    assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit
+
+
+def test_pipeline_short_and_long_path_through_an_openai_server(server, tok):
+    stub, url = server
+    short = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options()))
+    assert short.route is Route.SHORT and short.answer == "Yes" and short.reward == 1.0
+    stub.answers = split(" Yes", " No")
+    stub.requests.clear()
+    long = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options()))
+    assert long.route is Route.LONG and long.error is None and len(long.candidates) == 5
+    assert all(c.answer in ("Yes", "No") for c in long.candidates)
+    assert len(stub.requests) == 15  # 5 answers, 5 reasoning continuations, 5 final answers
+    reasoning = [r for r in stub.requests if r.get("stop")]
+    assert len(reasoning) == 5 and all(r["prompt"][: len(prompt_ids(tok))] == prompt_ids(tok) for r in reasoning)
+
+
+def test_api_key_is_sent_and_a_wrong_one_is_unavailable_without_echoing_it(server, tok):
+    stub, url = server
+    stub.api_key = "right-key"
+    (ok,) = run(url, tok, lambda e: e.sample([1, 2, 3], answer_params()[:1]), api_key="right-key")
+    assert ok.text == " Yes"
+
+    async def wrong(engine):
+        ready = await engine.ready()
+        with pytest.raises(EngineUnavailableError, match="HTTP 401: Incorrect API key provided") as caught:
+            await engine.sample([1, 2, 3], answer_params()[:1])
+        return ready, str(caught.value)
+
+    ready, message = run(url, tok, wrong, api_key="wrong-key")
+    assert not ready and "wrong-key" not in message
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "words"),
+    [
+        (
+            500,
+            b'{"error": {"message": "engine dead", "type": "InternalServerError", "code": 500}}',
+            EngineUnavailableError,
+            "HTTP 500: engine dead",
+        ),
+        (429, b'{"error": {"message": "slow down", "type": "rate_limit", "code": 429}}', EngineBusyError, "slow down"),
+        (
+            400,
+            b'{"error": {"message": "max_tokens too large", "type": "BadRequestError", "code": 400}}',
+            BackendRejectedError,
+            "max_tokens too large",
+        ),
+        (200, b'{"choices": [{"text": "Yes"}]}', EngineUnavailableError, "malformed"),
+    ],
+)
+def test_server_failures_are_clear_errors(server, tok, status, body, error, words):
+    stub, url = server
+    stub.failures.append((status, body, "application/json"))
+    with pytest.raises(error, match=words):
+        run(url, tok, lambda e: e.sample([1, 2, 3], answer_params()[:1]), model="stub-judge")
+
+
+def test_a_failed_branch_cancels_its_siblings(server, tok):
+    stub, url = server
+    stub.failures.append((500, b"boom", "text/plain"))
+    with pytest.raises(EngineUnavailableError):
+        run(url, tok, lambda e: e.sample([1, 2, 3], answer_params()), model="stub-judge")
+
+
+def test_unreachable_server(tok):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+
+    async def try_it(engine):
+        with pytest.raises(EngineUnavailableError, match="unreachable"):
+            await engine.sample([1, 2, 3], answer_params())
+        return await engine.ready()
+
+    assert run(url, tok, try_it, model="m") is False
