@@ -12,9 +12,9 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # 1 = bake the default model into the image; 0 = bring your own (mount it and set EGRM_MODEL).
 ARG FETCH_MODEL=1
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH EGRM_CACHE_DIR=/opt/egrm/cache
-RUN python -m venv /opt/venv
 # torch first, from its own index: an unpinned torch from PyPI is the multi-GB CUDA build (see Makefile).
-RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
+# hadolint ignore=DL3013
+RUN python -m venv /opt/venv && pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
@@ -37,5 +37,5 @@ EXPOSE 8000 8001
 # /healthz: the process answers (readiness, /readyz, is for load balancers and Kubernetes).
 # No curl in the slim image; python is there.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-    CMD python -c "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('EGRM_PORT', '8000'), timeout=4)"
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('EGRM_PORT', '8000'), timeout=4)"]
 CMD ["egrm", "serve", "--host", "0.0.0.0"]
