@@ -93,6 +93,9 @@ class Settings(BaseSettings):
         default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
         description="Paths served without a key when keys are set. Env: comma-separated or JSON.",
     )
+    gpu_metrics_interval_s: float = Field(
+        5.0, ge=0, description="How often GPU utilisation and memory are read through NVML; 0 = off."
+    )
     shutdown_grace_s: int = Field(60, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
 
     @field_validator("api_keys", "open_paths", mode="before")

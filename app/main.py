@@ -15,6 +15,7 @@ from app.api.errors import install_error_handlers
 from app.api.guards import GuardMiddleware
 from app.config import Settings
 from app.engines.base import Engine
+from app.gpu_sampler import GpuSampler
 from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
 from app.scorer.base import Scorer
@@ -97,10 +98,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         app.state.settings = settings
         app.state.metrics = Metrics()
         app.state.metrics.watch_engine(the_engine.stats)
+        gpus = GpuSampler(settings.gpu_metrics_interval_s)
+        await asyncio.to_thread(gpus.start)  # loading the NVML library and a first reading block
+        app.state.metrics.watch_gpus(gpus.latest)
         app.state.pipeline = RewardPipeline(the_engine, scorer or HeuristicScorer())
         try:
             yield
         finally:
+            await asyncio.to_thread(gpus.close)
             if owned:
                 await the_engine.close()
 

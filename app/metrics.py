@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.engines.base import EngineStats
+from app.gpu_sampler import GpuSample
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -67,6 +68,10 @@ class Metrics:
         """Read the engine's counters at every scrape (they live on the model thread)."""
         self.registry.register(_EngineCollector(stats))
 
+    def watch_gpus(self, latest: Callable[[], list[GpuSample]]) -> None:
+        """Export the GPU sampler's latest reading at every scrape (the sampler's thread calls NVML)."""
+        self.registry.register(_GpuCollector(latest))
+
     def observe_item(
         self, route: str | None, consensus: float, stages_ms: dict[str, float], degraded: bool, error: bool
     ) -> None:
@@ -114,3 +119,23 @@ class _EngineCollector(Collector):
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("egrm_engine_queue_depth", "Jobs waiting for the model thread.", value=s.queue_depth)
+
+
+class _GpuCollector(Collector):
+    def __init__(self, latest: Callable[[], list[GpuSample]]):
+        self._latest = latest
+
+    def collect(self) -> Iterable[Metric]:
+        gpus = self._latest()
+        if not gpus:
+            return  # no GPU: no families at all, not empty ones
+        labels = ["gpu", "name"]
+        util = GaugeMetricFamily("egrm_gpu_utilization_percent", "GPU busy time, percent (NVML).", labels=labels)
+        used = GaugeMetricFamily("egrm_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=labels)
+        total = GaugeMetricFamily("egrm_gpu_memory_total_bytes", "GPU memory installed (NVML).", labels=labels)
+        for g in gpus:
+            values = [str(g.index), g.name]
+            util.add_metric(values, g.utilization_percent)
+            used.add_metric(values, g.memory_used_bytes)
+            total.add_metric(values, g.memory_total_bytes)
+        yield from (util, used, total)

@@ -1,0 +1,356 @@
+"""Deployment files agree with the code: ports, commands, settings names, probes, metric names.
+
+No docker engine or Kubernetes cluster here, so the files are parsed and checked against the
+real Settings, the real CLI and the real /metrics output of the service.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from app.cli import build_parser
+from app.config import Settings
+from app.gpu_sampler import GpuSampler
+from app.main import create_app
+from app.metrics import Metrics
+from tests.test_gpu_sampler import FakeNvml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S_DIR = ROOT / "deploy" / "k8s"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "egrm.json"
+SETTINGS_PORT = Settings.model_fields["port"].default
+SCORER_COMMAND = ["egrm", "scorer", "--host", "0.0.0.0", "--port", "8001"]
+
+# Settings a sibling branch is adding right now (the scorer worker's client). Empty once it lands.
+PENDING_SETTINGS = {"EGRM_SCORER_URL"}
+SETTING_NAMES = {f"EGRM_{name.upper()}" for name in Settings.model_fields}
+# Names the locustfile reads (a client's settings, not the service's).
+LOCUST_NAMES = set(re.findall(r'os\.environ\.get\("(EGRM_\w+)"', (ROOT / "loadtest" / "locustfile.py").read_text()))
+
+
+def load_yaml(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+COMPOSE = load_yaml(ROOT / "docker-compose.yml")[0]
+SERVICES: dict[str, dict] = COMPOSE["services"]
+K8S = [doc for path in sorted(K8S_DIR.glob("*.yaml")) if path.name != "kustomization.yaml" for doc in load_yaml(path)]
+
+
+def k8s(kind: str, name: str) -> dict:
+    (doc,) = [d for d in K8S if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def container(workload: dict) -> dict:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR:-default}` as compose resolves it with VAR unset."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+
+
+def compose_port(service: str) -> int:
+    """The port a compose service listens on: its --port flag, else EGRM_PORT, else the Settings default."""
+    svc = SERVICES[service]
+    if "--port" in svc.get("command", []):
+        return int(flag(svc["command"], "--port"))
+    return int(svc.get("environment", {}).get("EGRM_PORT", SETTINGS_PORT))
+
+
+# --- every file parses, every EGRM_* name is a setting -------------------------------------------
+
+
+def test_every_manifest_parses_and_kustomize_lists_them_all():
+    kustomization = load_yaml(K8S_DIR / "kustomization.yaml")[0]
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+    assert all(doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"] for doc in K8S)
+    assert {d["kind"] for d in K8S} == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "StatefulSet",
+    }
+
+
+def deploy_texts() -> Iterator[tuple[str, str]]:
+    for path in [ROOT / "Dockerfile", ROOT / "docker-compose.yml", *sorted((ROOT / "deploy").rglob("*.*"))]:
+        yield str(path.relative_to(ROOT)), path.read_text()
+
+
+def test_every_egrm_name_in_deploy_files_is_a_setting():
+    known = SETTING_NAMES | PENDING_SETTINGS | LOCUST_NAMES
+    used = {(name, where) for where, text in deploy_texts() for name in re.findall(r"EGRM_[A-Z0-9_]+", text)}
+    assert {(name, where) for name, where in used if name not in known} == set()
+    assert LOCUST_NAMES == {"EGRM_API_KEY"}  # the extraction above found the locustfile's one name
+
+
+def test_service_env_names_are_settings_and_locust_env_names_are_read_by_the_locustfile():
+    for name, svc in SERVICES.items():
+        env = {n for n in svc.get("environment", {}) if n.startswith("EGRM_")}
+        expected = LOCUST_NAMES if name == "locust" else SETTING_NAMES | PENDING_SETTINGS
+        assert env <= expected, name
+    assert set(SERVICES["locust"]["environment"]) == LOCUST_NAMES
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {k: interpolate(v) for k, v in SERVICES["api"]["environment"].items()},
+        k8s("ConfigMap", "egrm-config")["data"],
+    ],
+    ids=["compose-api", "k8s-configmap"],
+)
+def test_setting_values_in_deploy_files_are_valid(env, monkeypatch):
+    for name, value in env.items():
+        if name not in PENDING_SETTINGS:
+            monkeypatch.setenv(name, value)
+    settings = Settings()  # raises on any value the service would refuse at start
+    assert settings.port == SETTINGS_PORT
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in lines]
+
+
+def test_dockerfile_serves_the_settings_port_as_non_root_with_a_healthcheck():
+    instructions = dockerfile()
+    by = {}
+    for op, arg in instructions:
+        by.setdefault(op, []).append(arg)
+    exposed = {int(p) for arg in by["EXPOSE"] for p in arg.split()}
+    assert exposed == {SETTINGS_PORT, int(flag(SCORER_COMMAND, "--port"))}
+    cmd = json.loads(by["CMD"][-1])
+    assert cmd == ["egrm", "serve", "--host", "0.0.0.0"]
+    args = build_parser().parse_args(cmd[1:])  # the real CLI takes it
+    assert args.command == "serve" and args.host == "0.0.0.0" and args.port is None  # port: EGRM_PORT
+    assert by["USER"][-1] not in ("root", "0")
+    (healthcheck,) = by["HEALTHCHECK"]
+    assert "/healthz" in healthcheck and f"'EGRM_PORT', '{SETTINGS_PORT}'" in healthcheck
+    assert f"EGRM_PORT={SETTINGS_PORT}" in " ".join(by["ENV"])
+
+
+def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
+    args = dict(arg.split("=", 1) for op, arg in dockerfile() if op == "ARG" and "=" in arg)
+    assert args["BASE_IMAGE"] == "python:3.11-slim"
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    makefile_spec = re.search(r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert makefile_spec and args["TORCH_SPEC"].strip('"') == makefile_spec.group(1)
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    assert ignored[0] == "*" and {"!app/", "!pyproject.toml", "!README.md"} <= set(ignored)
+
+
+# --- docker compose ------------------------------------------------------------------------------
+
+
+def test_compose_services_ports_and_wiring():
+    assert set(SERVICES) == {"api", "scorer", "sglang", "prometheus", "grafana", "locust"}
+    api, scorer = SERVICES["api"], SERVICES["scorer"]
+    assert api["ports"] == [f"{SETTINGS_PORT}:{compose_port('api')}"] and compose_port("api") == SETTINGS_PORT
+    assert scorer["command"] == SCORER_COMMAND
+    assert f":{compose_port('scorer')}/healthz" in " ".join(scorer["healthcheck"]["test"])
+    assert api["environment"]["EGRM_SCORER_URL"] == f"http://scorer:{compose_port('scorer')}"
+    assert api["environment"]["EGRM_SGLANG_URL"] == f"http://sglang:{compose_port('sglang')}"
+    assert interpolate(api["environment"]["EGRM_ENGINE"]) == Settings.model_fields["engine"].default
+
+
+def test_compose_sglang_is_a_gpu_profile_service():
+    sglang = SERVICES["sglang"]
+    assert sglang["profiles"] == ["gpu"] and interpolate(sglang["image"]).startswith("lmsysorg/sglang")
+    assert sglang["command"][:3] == ["python3", "-m", "sglang.launch_server"]
+    assert flag(sglang["command"], "--host") == "0.0.0.0"
+    (device,) = sglang["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert all("profiles" not in svc for name, svc in SERVICES.items() if name != "sglang")
+
+
+def test_compose_mounts_exist_and_locust_runs_the_project_locustfile():
+    for svc in ("prometheus", "grafana", "locust"):
+        for volume in SERVICES[svc]["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+    locust = SERVICES["locust"]
+    mount = dict(v.split(":")[:2] for v in locust["volumes"])["./loadtest"]
+    assert flag(locust["command"], "-f") == f"{mount}/locustfile.py"
+    assert flag(locust["command"], "--host") == f"http://api:{compose_port('api')}"
+
+
+def test_prometheus_scrapes_the_compose_services_on_their_ports():
+    config = load_yaml(ROOT / "deploy" / "prometheus.yml")[0]
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {f"{name}:{compose_port(name)}" for name in ("api", "scorer", "sglang")}
+    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in config["scrape_configs"])
+
+
+def test_grafana_provisioning_points_at_the_dashboard_and_the_datasource_uid():
+    grafana = SERVICES["grafana"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
+    provider = load_yaml(ROOT / "deploy/grafana/provisioning/dashboards/egrm.yml")[0]["providers"][0]
+    assert mounts["./deploy/grafana/dashboards"] == provider["options"]["path"]
+    (datasource,) = load_yaml(ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml")[0]["datasources"]
+    assert datasource["url"] == "http://prometheus:9090" and "9090:9090" in SERVICES["prometheus"]["ports"]
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {datasource["uid"]}
+
+
+# --- Kubernetes ----------------------------------------------------------------------------------
+
+
+def probe_path_and_port(c: dict, probe: str) -> tuple[str, int]:
+    get = c[probe]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    return get["path"], ports.get(get["port"], get["port"])
+
+
+def test_api_deployment_probes_port_env_and_resources():
+    api = k8s("Deployment", "egrm-api")
+    c = container(api)
+    assert probe_path_and_port(c, "livenessProbe") == ("/healthz", SETTINGS_PORT)
+    assert probe_path_and_port(c, "readinessProbe") == ("/readyz", SETTINGS_PORT)
+    assert c["command"] == ["egrm", "serve", "--host", "0.0.0.0"]
+    config = k8s("ConfigMap", "egrm-config")["data"]
+    assert {"configMapRef": {"name": "egrm-config"}} in c["envFrom"]
+    assert int(config["EGRM_PORT"]) == SETTINGS_PORT
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    assert api["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > int(config["EGRM_SHUTDOWN_GRACE_S"])
+    hpa = k8s("HorizontalPodAutoscaler", "egrm-api")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "egrm-api"}
+    assert 1 <= hpa["minReplicas"] < hpa["maxReplicas"]
+
+
+def test_every_service_selects_a_workload_and_targets_a_named_container_port():
+    workloads = [d for d in K8S if d["kind"] in ("Deployment", "StatefulSet")]
+    for service in (d for d in K8S if d["kind"] == "Service"):
+        selected = [
+            w
+            for w in workloads
+            if service["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(selected) == 1, service["metadata"]["name"]
+        ports = {p["name"]: p["containerPort"] for p in container(selected[0])["ports"]}
+        for port in service["spec"]["ports"]:
+            assert ports[port["targetPort"]] == port["port"], service["metadata"]["name"]
+
+
+def test_scorer_deployment_and_the_api_url_that_reaches_it():
+    c = container(k8s("Deployment", "egrm-scorer"))
+    assert c["command"] == SCORER_COMMAND
+    port = int(flag(c["command"], "--port"))
+    assert probe_path_and_port(c, "livenessProbe") == ("/healthz", port)
+    assert probe_path_and_port(c, "readinessProbe") == ("/readyz", port)
+    url = urlsplit(k8s("ConfigMap", "egrm-config")["data"]["EGRM_SCORER_URL"])
+    service = k8s("Service", url.hostname)
+    assert [p["port"] for p in service["spec"]["ports"]] == [url.port]
+
+
+def test_sglang_runtimes_behind_the_cache_aware_router():
+    workers = k8s("StatefulSet", "sglang-worker")
+    wc = container(workers)
+    assert wc["command"][:3] == ["python3", "-m", "sglang.launch_server"]
+    assert wc["resources"]["limits"]["nvidia.com/gpu"] == 1
+    port = int(flag(wc["command"], "--port"))
+    assert k8s("Service", workers["spec"]["serviceName"])["spec"]["clusterIP"] == "None"  # per-pod DNS
+    router = container(k8s("Deployment", "sglang-router"))["command"]
+    assert router[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert flag(router, "--policy") == "cache_aware"
+    start = router.index("--worker-urls") + 1
+    urls = router[start : start + workers["spec"]["replicas"] + 1]
+    assert urls[:-1] == [
+        f"http://sglang-worker-{i}.{workers['spec']['serviceName']}:{port}" for i in range(workers["spec"]["replicas"])
+    ]
+    assert urls[-1].startswith("--")  # exactly one URL per replica
+    url = urlsplit(k8s("ConfigMap", "egrm-config")["data"]["EGRM_SGLANG_URL"])
+    router_service = k8s("Service", url.hostname)
+    assert [p["port"] for p in router_service["spec"]["ports"]] == [url.port] == [int(flag(router, "--port"))]
+
+
+# --- the dashboard against the service's real /metrics -------------------------------------------
+
+
+def exposition_names_and_labels(text: str) -> dict[str, set[str]]:
+    """Metric name -> label names seen, from a Prometheus text exposition (families expand by type)."""
+    names: dict[str, set[str]] = {}
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, family, kind = line.split()
+            for suffix in suffixes[kind]:
+                names.setdefault(family.removesuffix("_total") + suffix, set())
+        elif line and not line.startswith("#"):
+            match = re.match(r"(\w+)(?:\{(.*)\})? ", line)
+            assert match, line
+            labels = re.findall(r'(\w+)="', match.group(2) or "")
+            names.setdefault(match.group(1), set()).update(labels)
+    return names
+
+
+@pytest.fixture(scope="module")
+def real_metrics(engine) -> dict[str, set[str]]:
+    item = {"prompt": "What is 2+2?", "response": "4"}
+    with TestClient(create_app(Settings(), engine=engine)) as c:
+        assert c.get("/readyz").status_code == 200  # no GPU here: the app starts all the same
+        assert c.post("/v1/rewards", json={"items": [item], "options": {"path": "short"}}).status_code == 200
+        text = c.get("/metrics").text
+    # A deadline no model call meets: the cancelled-requests counter gets its `reason` label.
+    with TestClient(create_app(Settings(request_timeout_s=0.001), engine=engine)) as c:
+        assert c.post("/v1/rewards", json={"items": [item]}).status_code == 504
+        text += c.get("/metrics").text
+    # GPU series exist only where NVML finds a GPU: take them from metrics.py fed by the NVML stand-in.
+    sampler, gpu_metrics = GpuSampler(interval_s=3600, nvml=FakeNvml()), Metrics()
+    gpu_metrics.watch_gpus(sampler.latest)
+    sampler.start()
+    sampler.close()
+    return exposition_names_and_labels(text + gpu_metrics.render().decode())
+
+
+@pytest.mark.slow
+def test_the_app_without_a_gpu_serves_metrics_but_no_gpu_series(engine):
+    with TestClient(create_app(Settings(), engine=engine)) as c:
+        assert c.get("/healthz").status_code == 200
+        text = c.get("/metrics").text
+    assert "egrm_request_latency_seconds" in text and "egrm_gpu" not in text
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [(t["expr"], t.get("legendFormat", "")) for p in panels for t in p["targets"]]
+
+
+def test_the_dashboard_has_the_required_panels():
+    titles = " | ".join(p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]).lower()
+    for needed in ("latency p50 / p99 by route", "short-path rate", "consensus", "gpu utilisation", "queue depth"):
+        assert needed in titles
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("expr", "legend"), dashboard_queries())
+def test_every_dashboard_query_uses_real_metric_names_and_labels(real_metrics, expr, legend):
+    used = set(re.findall(r"\begrm_\w+", expr))
+    assert used and used <= set(real_metrics), used - set(real_metrics)
+    labels = set(re.findall(r"by \(([^)]*)\)", expr))
+    labels = {name.strip() for group in labels for name in group.split(",")} - {"le"}
+    labels |= set(re.findall(r"\{\{(\w+)\}\}", legend)) | set(re.findall(r"[{,]\s*(\w+)\s*[=!~]", expr))
+    available = set().union(*(real_metrics[name] for name in used)) | {"le"}
+    assert labels <= available, labels - available
