@@ -8,7 +8,7 @@ openrlhf/utils/remote_rm_utils.py (remote_rm_fn: the request) and openrlhf/cli/s
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.protocol import RewardOptions
 
@@ -26,14 +26,6 @@ class GetRewardRequest(BaseModel):
         None, description="Ground truth per query (--label_key); shown to the judge as the reference answer."
     )
     egrm: RewardOptions | None = Field(None, description="egrm's own options (m, tau, path, template, ...).")
-
-    @model_validator(mode="after")
-    def _same_lengths(self) -> GetRewardRequest:
-        for name in ("prompts", "labels"):
-            values = getattr(self, name)
-            if values is not None and len(values) != len(self.query):
-                raise ValueError(f"{name} has {len(values)} entries for {len(self.query)} queries")
-        return self
 
 
 class GetRewardResponse(BaseModel):

@@ -30,6 +30,10 @@ def judge_items(body: GetRewardRequest) -> list[JudgeItem]:
     remote_rm_fn sends the query alone, and the policy's chat template is unknown here, so no
     split would be reliable.
     """
+    for name in ("prompts", "labels"):
+        values = getattr(body, name)
+        if values is not None and len(values) != len(body.query):
+            raise ApiError(422, f"{name} has {len(values)} entries for {len(body.query)} queries", name)
     items = []
     for i, query in enumerate(body.query):
         prompt = body.prompts[i] if body.prompts is not None else ""
