@@ -1,9 +1,10 @@
-"""The `egrm` command: serve, fetch-model."""
+"""The `egrm` command: serve, fetch-model, score."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,46 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
 
 
+def _score(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from app.batch import done_ids, local_scorer, read_todo, remote_scorer, run
+    from app.protocol import RewardOptions
+
+    try:
+        options = RewardOptions(m=args.m, tau=args.tau, path=args.path, template=args.template, seed=args.seed)
+    except ValidationError as exc:
+        print(f"egrm score: bad option: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    if args.batch_size < 1 or args.concurrency < 1:
+        print("egrm score: --batch-size and --concurrency must be >= 1", file=sys.stderr)
+        return 2
+    inp, out = Path(args.input), Path(args.output)
+    todo = read_todo(inp, done_ids(out))
+    for bad in todo.bad:
+        print(f"bad line: {bad}", file=sys.stderr)
+    if todo.bad and args.strict:
+        print(f"egrm score: {len(todo.bad)} bad line(s) and --strict: nothing scored", file=sys.stderr)
+        return 2
+    print(f"{len(todo.items)} to score, {todo.done} already in {out}", file=sys.stderr)
+
+    async def main() -> list[str]:
+        scorer, close = remote_scorer(args.url, args.api_key, options) if args.url else local_scorer(options)
+        try:
+            with out.open("a", encoding="utf-8") as sink:
+                return await run(todo, sink, scorer, args.batch_size, args.concurrency, not args.quiet)
+        finally:
+            await close()
+
+    failures = asyncio.run(main()) if todo.items else []
+    for failure in failures:
+        print(f"failed batch: {failure}", file=sys.stderr)
+    return 1 if todo.bad or failures else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egrm", description="Routed generative reward scoring (E-GRM).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +120,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot", type=Path, help="write a PNG of the results here")
     ev.add_argument("--json", action="store_true", help="print the report as one JSON line on stdout")
     ev.set_defaults(func=_eval)
+
+    score = sub.add_parser(
+        "score",
+        help="score a JSONL file of items (prompt, response, ..., id) into OUT.jsonl; resumable",
+        description="Lines without an id get 'line-N'. Ids already in OUT are skipped; results are appended. "
+        "Bad lines are reported on stderr (exit 1); --strict stops before scoring.",
+    )
+    score.add_argument("input", help="input JSONL")
+    score.add_argument("-o", "--output", required=True, help="output JSONL (appended to; its ids are skipped)")
+    score.add_argument("--url", help="a running egrm server; without it, the model runs in this process")
+    score.add_argument("--api-key", default=os.environ.get("EGRM_API_KEY"), help="bearer key (default EGRM_API_KEY)")
+    score.add_argument("--batch-size", type=int, default=16, help="items per request (default 16)")
+    score.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    score.add_argument("--m", type=int, help="samples per item (default EGRM_M)")
+    score.add_argument("--tau", type=float, help="consensus threshold (default EGRM_TAU)")
+    score.add_argument("--path", default="auto", choices=["auto", "short", "long"])
+    score.add_argument("--template", choices=["verdict", "score", "pairwise"])
+    score.add_argument("--seed", type=int, help="makes sampling reproducible")
+    score.add_argument("--strict", action="store_true", help="stop at bad lines instead of skipping them")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.set_defaults(func=_score)
     return parser
 
 

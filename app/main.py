@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
 
-from app.api import health, rewards
+from app.api import health, openai_chat, openrlhf, rewards
 from app.api.errors import install_error_handlers
 from app.api.guards import GuardMiddleware
 from app.config import Settings
@@ -96,6 +97,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         owned = engine is None
         the_engine: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
         app.state.settings = settings
+        app.state.started_at = time.time()
         app.state.metrics = Metrics()
         app.state.metrics.watch_engine(the_engine.stats)
         gpus = GpuSampler(settings.gpu_metrics_interval_s)
@@ -118,5 +120,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         max_body_bytes=settings.max_body_bytes,
     )
     app.include_router(rewards.router)
+    app.include_router(openai_chat.router)
+    app.include_router(openrlhf.router)
     app.include_router(health.router)
     return app

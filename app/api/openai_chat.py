@@ -1,0 +1,152 @@
+"""OpenAI-compatible judging: GET /v1/models, POST /v1/chat/completions.
+
+The conversation to judge arrives as messages: the last one is the assistant response under
+judgement, the user turn before it the prompt (earlier turns, if any, are kept in the prompt as
+a transcript), and system/developer messages reach the judge as the item's reference (a
+reference answer or a rubric). The judgement comes back as the assistant message; the reward
+and its details ride in the extra top-level field `egrm`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from app.api.deps import MetricsDep, PipelineDep, SettingsDep
+from app.api.errors import ApiError
+from app.api.scoring import ERROR_RESPONSES, raise_item_errors, resolve_options, score_items, served_model
+from app.pipeline.types import ItemResult, JudgeItem
+from app.protocol import CandidateOut, ErrorResponse, RewardOptions, SampleOut, TimingsOut
+from app.protocol_openai import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatUsage,
+    EgrmJudgement,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+)
+
+router = APIRouter()
+
+MODEL_ALIAS = "egrm"
+_INSTRUCTIONS = ("system", "developer")
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
+
+
+def _started(request: Request) -> int:
+    return int(request.app.state.started_at)
+
+
+@router.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+async def list_models(request: Request, pipeline: PipelineDep, settings: SettingsDep) -> ModelList:
+    return ModelList(data=[ModelCard(id=served_model(settings, pipeline), created=_started(request))])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={**ERROR_RESPONSES, **_NOT_FOUND})
+async def retrieve_model(model_id: str, request: Request, pipeline: PipelineDep, settings: SettingsDep) -> ModelCard:
+    check_model(model_id, served_model(settings, pipeline))
+    return ModelCard(id=served_model(settings, pipeline), created=_started(request))
+
+
+def check_model(requested: str, served: str) -> None:
+    if requested not in (served, MODEL_ALIAS):
+        message = f"the model '{requested}' is not served here; use '{served}' (see GET /v1/models) or '{MODEL_ALIAS}'"
+        raise ApiError(404, message, "model", "not_found_error")
+
+
+def chat_options(body: ChatCompletionRequest) -> RewardOptions:
+    """egrm's options from the request; OpenAI's own parameters mapped, or refused naming the field."""
+    if body.n not in (None, 1):
+        raise ApiError(422, "n: egrm returns one judgement per request; the judge's samples are egrm.m", "n")
+    if body.temperature is not None:
+        raise ApiError(
+            422, "temperature: the judge samples at a ladder of temperatures; set egrm.temperatures", "temperature"
+        )
+    if body.stream:
+        raise ApiError(422, "stream: streaming is not supported; the judgement comes back in one response", "stream")
+    options = body.egrm or RewardOptions()
+    mapped = {"top_p": body.top_p, "seed": body.seed}
+    for name, value in mapped.items():
+        if value is not None and getattr(options, name) is not None:
+            raise ApiError(422, f"{name}: given twice, as {name} and egrm.{name}; give one", name)
+    options = options.model_copy(update={k: v for k, v in mapped.items() if v is not None})
+    if options.template == "pairwise":
+        raise ApiError(
+            422, "egrm.template: pairwise needs two responses; use POST /v1/rewards with response_b", "egrm.template"
+        )
+    return options
+
+
+def judge_item(messages: list[ChatMessage]) -> JudgeItem:
+    """The (prompt, response, reference) of a conversation; a misplaced turn is named by its index."""
+    turns = [(i, m) for i, m in enumerate(messages) if m.role not in _INSTRUCTIONS]
+    if not turns or turns[-1][1].role != "assistant":
+        at = turns[-1][0] if turns else len(messages) - 1
+        message = f"messages[{at}]: the last message must be the assistant response to judge"
+        raise ApiError(422, message, f"messages[{at}]")
+    if len(turns) < 2 or turns[-2][1].role != "user":
+        at = turns[-2][0] if len(turns) >= 2 else turns[-1][0]
+        raise ApiError(422, f"messages[{at}]: the response must follow a user message (the prompt)", f"messages[{at}]")
+    user_at, user = turns[-2]
+    if not user.text.strip():
+        raise ApiError(422, f"messages[{user_at}].content: the prompt is empty", f"messages[{user_at}].content")
+    # Earlier turns are context the response may depend on: keep them, as a transcript, in the prompt.
+    history = [f"{m.role}: {m.text}" for _, m in turns[:-2]]
+    prompt = "\n\n".join([*history, f"user: {user.text}"]) if history else user.text
+    instructions = [m.text for m in messages if m.role in _INSTRUCTIONS and m.text.strip()]
+    return JudgeItem(prompt=prompt, response=turns[-1][1].text, reference="\n\n".join(instructions) or None)
+
+
+def judgement(r: ItemResult, template: str) -> EgrmJudgement:
+    assert r.reward is not None and r.answer is not None and r.route is not None  # raise_item_errors ran
+    return EgrmJudgement(
+        reward=r.reward,
+        answer=r.answer,
+        route=r.route.value,
+        consensus=r.consensus,
+        votes=r.votes,
+        template=template,
+        samples=[SampleOut(text=s.text, answer=s.answer, temperature=s.temperature) for s in r.samples]
+        if r.samples is not None
+        else None,
+        candidates=[CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score) for c in r.candidates]
+        if r.candidates is not None
+        else None,
+        degraded=r.degraded,
+        timings=TimingsOut(**{k: round(getattr(r.timings, k), 3) for k in TimingsOut.model_fields}),
+    )
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERROR_RESPONSES, **_NOT_FOUND})
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, pipeline: PipelineDep, settings: SettingsDep, metrics: MetricsDep
+) -> ChatCompletionResponse:
+    model = served_model(settings, pipeline)
+    check_model(body.model, model)
+    options = resolve_options(chat_options(body), settings)
+    item = judge_item(body.messages)
+    (result,), usage = await score_items(
+        request, pipeline, settings, metrics, "/v1/chat/completions", [item], options, lambda _: "messages"
+    )
+    raise_item_errors([result], lambda _: "messages")
+    verdict = judgement(result, options.template)
+    return ChatCompletionResponse(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=[ChatChoice(message=ChatResponseMessage(content=verdict.answer))],
+        usage=ChatUsage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_prompt_tokens),
+        ),
+        egrm=verdict,
+    )

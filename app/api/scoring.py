@@ -1,0 +1,107 @@
+"""What every scoring endpoint shares: resolve options, run the pipeline under guard, count it.
+
+/v1/rewards, /v1/chat/completions and /get_reward differ only in how they read their wire
+format and write the results back; the work in between, and how it is measured, is one path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import Request
+
+from app.api.errors import ApiError
+from app.api.lifecycle import guarded
+from app.config import Settings, temperature_ladder
+from app.metrics import Metrics
+from app.pipeline.service import PromptTooLongError, RewardPipeline
+from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
+from app.protocol import ErrorResponse, RewardOptions
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (401, 413, 422, 429, 500, 503, 504)
+}
+
+
+def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
+    if options.temperatures is not None:
+        temperatures = list(options.temperatures)
+    else:
+        temperatures = temperature_ladder(options.m) if options.m else settings.default_temperatures
+    return JudgeOptions(
+        temperatures=temperatures,
+        top_p=options.top_p if options.top_p is not None else settings.top_p,
+        tau=options.tau if options.tau is not None else settings.tau,
+        path=PathMode(options.path),
+        template=options.template or settings.template,
+        return_samples=options.return_samples,
+        seed=options.seed,
+        long_max_tokens=settings.long_max_tokens,
+    )
+
+
+def check_item_count(count: int, settings: Settings, param: str) -> None:
+    if count > settings.max_items:
+        raise ApiError(413, f"at most {settings.max_items} items per request, got {count}", param)
+
+
+def record(metrics: Metrics, results: list[ItemResult]) -> Usage:
+    total = Usage()
+    for r in results:
+        t = r.timings
+        metrics.observe_item(
+            r.route.value if r.route else None,
+            r.consensus,
+            {"sample": t.sample_ms, "reasoning": t.reasoning_ms, "scorer": t.scorer_ms},
+            r.degraded,
+            r.error is not None,
+        )
+        total.add(r.usage)
+    metrics.observe_tokens(total.prompt_tokens, total.cached_prompt_tokens, total.completion_tokens)
+    return total
+
+
+async def score_items(
+    request: Request,
+    pipeline: RewardPipeline,
+    settings: Settings,
+    metrics: Metrics,
+    endpoint: str,
+    items: Sequence[JudgeItem],
+    options: JudgeOptions,
+    item_param: Callable[[int], str] | None = None,
+) -> tuple[list[ItemResult], Usage]:
+    """Score the items under the request's deadline; count them and the request in the metrics.
+
+    item_param names item i in this endpoint's wire format (e.g. 'query[3]') when its judge
+    prompt is over the token limit; without it the pipeline's 'items[i]' stands.
+    """
+    start = time.perf_counter()
+    with metrics.in_flight.track_inprogress():
+        work = pipeline.score(items, options, settings.max_prompt_tokens)
+        try:
+            results = await guarded(request, work, settings.request_timeout_s, metrics)
+        except PromptTooLongError as exc:
+            if item_param is None:
+                raise
+            message = (
+                f"{item_param(exc.index)} renders to a {exc.tokens}-token judge prompt; "
+                f"the limit is EGRM_MAX_PROMPT_TOKENS={exc.limit}"
+            )
+            raise ApiError(413, message, item_param(exc.index)) from exc
+    usage = record(metrics, results)
+    metrics.observe_request(endpoint, {r.route.value for r in results if r.route}, time.perf_counter() - start)
+    return results, usage
+
+
+def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int], str]) -> None:
+    """For wire formats without a per-item error slot: the first item that failed fails the request."""
+    for i, r in enumerate(results):
+        if r.error is not None:
+            raise ApiError(422, f"{item_param(i)} could not be judged: {r.error}", item_param(i))
+
+
+def served_model(settings: Settings, pipeline: RewardPipeline) -> str:
+    return settings.model_name or pipeline.engine.model_name

@@ -1,0 +1,119 @@
+"""Wire models of the OpenAI-compatible endpoints (/v1/models, /v1/chat/completions).
+
+Shapes follow OpenAI's Chat Completions API as the official `openai` SDK parses them; the
+reward details ride in the extra top-level field `egrm`, which the SDK keeps in `model_extra`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.protocol import CandidateOut, RewardOptions, SampleOut, TimingsOut
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # Clients add fields such as `name` or `refusal`; the judge reads role and content only.
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = Field(None, description="A string or a list of text parts.")
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="The served model id (see GET /v1/models) or the alias 'egrm'.")
+    messages: list[ChatMessage] = Field(
+        min_length=2,
+        description="The conversation to judge: the last message is the assistant response under judgement, "
+        "the user message before it the prompt; system messages reach the judge as the reference.",
+    )
+    n: int | None = Field(None, description="Only 1: one judgement per request (egrm.m sets the samples).")
+    temperature: float | None = Field(None, description="Not accepted: the judge's samples use egrm.temperatures.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="The nucleus of every judge sample.")
+    seed: int | None = Field(None, ge=0, description="Makes the judge's sampling reproducible.")
+    stream: bool | None = Field(None, description="Only false: the judgement comes back in one response.")
+    stream_options: dict[str, Any] | None = Field(None, description="Ignored (no streaming).")
+    max_tokens: int | None = Field(None, ge=1, description="Ignored: the judgement is a few tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Ignored: the judgement is a few tokens.")
+    user: str | None = Field(None, description="Ignored.")
+    egrm: RewardOptions | None = Field(
+        None, description="egrm's own options (m, temperatures, tau, path, template, ...); SDK: extra_body."
+    )
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    finish_reason: Literal["stop"] = "stop"
+    logprobs: None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class ChatUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class EgrmJudgement(BaseModel):
+    """What /v1/rewards returns for one item, less the index and id."""
+
+    reward: float = Field(description="In [0, 1].")
+    answer: str
+    route: Literal["short", "long"]
+    consensus: float
+    votes: dict[str, int]
+    template: str
+    samples: list[SampleOut] | None = None
+    candidates: list[CandidateOut] | None = None
+    degraded: bool = False
+    timings: TimingsOut
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: ChatUsage
+    egrm: EgrmJudgement
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "egrm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,179 @@
+"""The OpenAI-compatible endpoints, spoken to by the official `openai` SDK over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from app.api.errors import ApiError
+from app.api.openai_chat import judge_item
+from app.config import Settings
+from app.main import create_app
+from app.protocol_openai import ChatMessage
+from tests.live import serve
+
+pytestmark = pytest.mark.slow
+
+QUESTION = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
+SHORT = {"egrm": {"path": "short", "seed": 3}}
+
+
+@pytest.fixture(scope="module")
+def url(engine) -> Iterator[str]:
+    with serve(create_app(Settings(), engine=engine)) as base:
+        yield base
+
+
+@pytest.fixture
+def client(url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="not-checked", max_retries=0)
+
+
+def served_id(client: openai.OpenAI) -> str:
+    (model,) = client.models.list().data
+    return model.id
+
+
+def metric(url: str, series: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    return 0.0
+
+
+def test_models_list_and_retrieve(client):
+    model_id = served_id(client)
+    assert model_id and client.models.retrieve(model_id).id == model_id
+    assert client.models.retrieve("egrm").id == model_id  # the alias
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.param == "model" and model_id in err.value.message
+
+
+def test_chat_completion_carries_the_judgement(client, url):
+    before = metric(url, 'egrm_route_total{route="short"}')
+    completion = client.chat.completions.create(model=served_id(client), messages=QUESTION, extra_body=SHORT)
+    (choice,) = completion.choices
+    egrm = completion.model_extra["egrm"]
+    assert choice.message.role == "assistant" and choice.finish_reason == "stop"
+    assert choice.message.content == egrm["answer"] and egrm["answer"] in ("Yes", "No")
+    assert egrm["reward"] == (1.0 if egrm["answer"] == "Yes" else 0.0)
+    assert egrm["route"] == "short" and sum(egrm["votes"].values()) == 5 and egrm["template"] == "verdict"
+    assert egrm["consensus"] == max(egrm["votes"].values()) / 5
+    usage = completion.usage
+    assert usage.completion_tokens == 5 and usage.total_tokens == usage.prompt_tokens + 5
+    assert usage.prompt_tokens_details.cached_tokens == 4 * usage.prompt_tokens // 5  # one prefill, five rows
+    assert completion.id.startswith("chatcmpl-") and completion.object == "chat.completion"
+    # Counted like /v1/rewards: the route counter and the request latency by endpoint.
+    assert metric(url, 'egrm_route_total{route="short"}') == before + 1
+    assert metric(url, 'egrm_request_latency_seconds_count{endpoint="/v1/chat/completions",route="short"}') >= 1
+
+
+def test_the_alias_model_and_openai_params_that_map(client):
+    a = client.chat.completions.create(
+        model="egrm", messages=QUESTION, seed=7, top_p=0.9, extra_body={"egrm": {"return_samples": True}}
+    )
+    b = client.chat.completions.create(
+        model="egrm", messages=QUESTION, seed=7, top_p=0.9, extra_body={"egrm": {"return_samples": True}}
+    )
+    assert a.model_extra["egrm"]["samples"] == b.model_extra["egrm"]["samples"]  # seed reached the judge
+    assert len(a.model_extra["egrm"]["samples"]) == 5
+
+
+def test_the_system_message_reaches_the_judge(client):
+    plain = client.chat.completions.create(model="egrm", messages=QUESTION, extra_body=SHORT)
+    rubric = [{"role": "system", "content": "The correct answer is 4. Accept digits or words."}, *QUESTION]
+    ruled = client.chat.completions.create(model="egrm", messages=rubric, extra_body=SHORT)
+    # The rubric is rendered into the judge prompt (as the reference): the prompt grows by its tokens.
+    assert ruled.usage.prompt_tokens > plain.usage.prompt_tokens
+
+
+def test_async_client(url):
+    async def judge() -> list[openai.types.chat.ChatCompletion]:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+            calls = [
+                client.chat.completions.create(
+                    model="egrm",
+                    messages=[{"role": "user", "content": f"What is {i}+{i}?"}, {"role": "assistant", "content": "4"}],
+                    extra_body=SHORT,
+                )
+                for i in range(3)
+            ]
+            return list(await asyncio.gather(*calls))
+
+    completions = asyncio.run(judge())
+    assert [c.choices[0].message.content in ("Yes", "No") for c in completions] == [True] * 3
+    assert all(c.model_extra["egrm"]["route"] == "short" for c in completions)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "param"),
+    [
+        ({"model": "gpt-4o"}, 404, "model"),
+        ({"n": 2}, 422, "n"),
+        ({"temperature": 0.2}, 422, "temperature"),
+        ({"stream": True}, 422, "stream"),
+        ({"seed": 1, "extra_body": {"egrm": {"seed": 2}}}, 422, "seed"),
+        ({"extra_body": {"egrm": {"m": 17}}}, 422, "egrm.m"),
+        ({"extra_body": {"egrm": {"template": "pairwise"}}}, 422, "egrm.template"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, 422, "messages"),
+        ({"messages": [*QUESTION, {"role": "user", "content": "and?"}]}, 422, "messages[2]"),
+        (
+            {"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            422,
+            "messages[0]",
+        ),
+        (
+            {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "4"}]},
+            422,
+            "messages[0].content",
+        ),
+        ({"messages": [{"role": "wizard", "content": "x"}, *QUESTION]}, 422, "messages[0].role"),
+        ({"extra_body": {"logit_bias": {"1": 2}}}, 422, "logit_bias"),
+    ],
+)
+def test_refusals_name_the_field_in_the_sdk_error(client, kwargs, status, param):
+    request = {"model": "egrm", "messages": QUESTION, **kwargs}
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**request)
+    assert err.value.status_code == status, err.value.message
+    assert err.value.param == param and err.value.type
+
+
+def test_a_prompt_over_the_token_limit_names_messages(engine):
+    with serve(create_app(Settings(max_prompt_tokens=64), engine=engine)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        long = [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "4"}]
+        with pytest.raises(openai.APIStatusError) as err:
+            client.chat.completions.create(model="egrm", messages=long)
+    assert err.value.status_code == 413 and err.value.param == "messages"
+    assert "EGRM_MAX_PROMPT_TOKENS" in err.value.message
+
+
+def test_api_keys_apply(engine):
+    with serve(create_app(Settings(api_keys=["k1"]), engine=engine)) as base:
+        good = openai.OpenAI(base_url=f"{base}/v1", api_key="k1", max_retries=0)
+        assert good.chat.completions.create(model="egrm", messages=QUESTION, extra_body=SHORT).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_conversation_mapping():
+    def msgs(*pairs: tuple[str, str]) -> list[ChatMessage]:
+        return [ChatMessage(role=r, content=c) for r, c in pairs]  # type: ignore[arg-type]
+
+    item = judge_item(msgs(("system", "Rubric: 4."), ("user", "2+2?"), ("assistant", "4")))
+    assert (item.prompt, item.response, item.reference) == ("2+2?", "4", "Rubric: 4.")
+    item = judge_item(msgs(("user", "Hi"), ("assistant", "Hello"), ("user", "2+2?"), ("assistant", "4")))
+    assert item.prompt == "user: Hi\n\nassistant: Hello\n\nuser: 2+2?" and item.reference is None
+    parts = [ChatMessage(role="user", content=[{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}])]
+    item = judge_item([*parts, ChatMessage(role="assistant", content="4")])
+    assert item.prompt == "2+2?"
+    with pytest.raises(ApiError) as err:
+        judge_item(msgs(("system", "x"), ("assistant", "4")))
+    assert err.value.param == "messages[1]"
