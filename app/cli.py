@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -96,6 +97,14 @@ def _score(args: argparse.Namespace) -> int:
     return 1 if todo.bad or failures else 0
 
 
+def _make_scorer_data(args: argparse.Namespace) -> int:
+    from app.scorer.data import make_data
+
+    counts = make_data(args.out, args.train, args.test, args.long_max_tokens, args.seed)
+    print(json.dumps({"out": str(args.out), **counts}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egrm", description="Routed generative reward scoring (E-GRM).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot", type=Path, help="write a PNG of the results here")
     ev.add_argument("--json", action="store_true", help="print the report as one JSON line on stdout")
     ev.set_defaults(func=_eval)
+    data = sub.add_parser("make-scorer-data", help="label the judge's long-path candidates on builtin:arith")
+    data.add_argument("--out", type=Path, default=Path("data/scorer"), help="writes train.jsonl and test.jsonl here")
+    data.add_argument("--train", type=int, default=240, help="training items (5 candidates each)")
+    data.add_argument("--test", type=int, default=90, help="held-out items (from the test split)")
+    data.add_argument("--long-max-tokens", type=int, default=96, help="reasoning tokens per candidate (as served)")
+    data.add_argument("--seed", type=int, default=7)
+    data.set_defaults(func=_make_scorer_data)
 
     score = sub.add_parser(
         "score",

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from app.engines.base import Branch, BranchParams, Engine
+from app.engines.base import Branch, BranchParams, Engine, FinishReason
 from app.pipeline.consensus import tally
 from app.pipeline.templates import JudgeTemplate
 from app.pipeline.types import JudgeItem, JudgeOptions, ScoredCandidate, Usage
@@ -85,6 +85,9 @@ async def run_long_path(
             mean_logprob=_mean(r.logprobs + f.logprobs),
             agreement=(answers.count(a) / len(answers)) if a is not None else 0.0,
             tokens=r.completion_tokens + f.completion_tokens,
+            min_logprob=min(r.logprobs, default=0.0),
+            final_logprob=sum(f.logprobs),
+            finished=r.finish_reason is FinishReason.STOP,
         )
         for s, r, f, a in zip(samples, reasoning, finals, answers, strict=True)
     ]

@@ -18,6 +18,10 @@ class Candidate:
     mean_logprob: float  # mean model log-prob of the candidate's tokens
     agreement: float  # share of the item's candidates with the same final answer
     tokens: int
+    # Added for the trained scorer; defaults keep older callers valid.
+    min_logprob: float = 0.0  # the least likely reasoning token
+    final_logprob: float = 0.0  # log-prob of the final answer's tokens
+    finished: bool = True  # the reasoning stopped at the final-answer cue, not at the token limit
 
 
 @runtime_checkable
