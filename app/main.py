@@ -18,6 +18,7 @@ from app.engines.base import Engine
 from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
 from app.scorer.base import Scorer
+from app.scorer.client import HttpScorer
 from app.scorer.heuristic import HeuristicScorer
 
 log = logging.getLogger(__name__)
@@ -43,23 +44,36 @@ def build_engine(settings: Settings) -> Engine:
     )
 
 
+def build_scorer(settings: Settings) -> Scorer:
+    """The worker over HTTP when EGRM_SCORER_URL is set, else the in-process heuristic."""
+    if settings.scorer_url:
+        return HttpScorer(settings.scorer_url, timeout_s=settings.scorer_timeout_s, retries=settings.scorer_retries)
+    return HeuristicScorer()
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:
-    """Build the service; pass an engine to share one loaded model between apps (tests)."""
+    """Build the service; pass an engine to share one loaded model between apps (tests).
+
+    A scorer passed here wins over EGRM_SCORER_URL, and its owner closes it.
+    """
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = engine is None
         the_engine: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
+        the_scorer = scorer if scorer is not None else build_scorer(settings)
         app.state.settings = settings
         app.state.metrics = Metrics()
         app.state.metrics.watch_engine(the_engine.stats)
-        app.state.pipeline = RewardPipeline(the_engine, scorer or HeuristicScorer())
+        app.state.pipeline = RewardPipeline(the_engine, the_scorer)
         try:
             yield
         finally:
             if owned:
                 await the_engine.close()
+            if scorer is None:
+                await the_scorer.close()
 
     app = FastAPI(title="egrm", version="0.1.0", summary="Routed generative reward scoring (E-GRM)", lifespan=lifespan)
     install_error_handlers(app)
