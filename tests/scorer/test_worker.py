@@ -74,7 +74,8 @@ def test_an_oversized_body_is_refused_before_parsing(worker):
     r = httpx.post(
         f"{worker}/v1/score", content=b"x" * (MAX_BODY_BYTES + 1), headers={"content-type": "application/json"}
     )
-    assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+    error = r.json()["error"]
+    assert r.status_code == 413 and error["param"] == "body" and "worker's limit" in error["message"]
 
 
 def test_metrics_count_requests_latency_and_candidates(worker):
