@@ -1,4 +1,4 @@
-"""The `egrm` command: serve, fetch-model, score."""
+"""The `egrm` command: serve, scorer, fetch-model, eval, score, and the scorer's data and training."""
 
 from __future__ import annotations
 
@@ -28,6 +28,21 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
     )
+    return 0
+
+
+def _scorer(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.scorer.registry import ScorerLoadError, load_scorer
+    from app.scorer.worker import create_worker_app
+
+    try:
+        scorer = load_scorer(args.checkpoint)
+    except ScorerLoadError as exc:
+        print(f"egrm scorer: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_worker_app(scorer), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -113,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default EGRM_PORT or 8000)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=_serve)
+    scorer = sub.add_parser("scorer", help="run the scorer worker (the API reaches it by EGRM_SCORER_URL)")
+    scorer.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    scorer.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    scorer.add_argument("--checkpoint", type=Path, help="trained scorer folder; default: the heuristic scorer")
+    scorer.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    scorer.set_defaults(func=_scorer)
     fetch = sub.add_parser("fetch-model", help="download and convert the default model (idempotent)")
     fetch.set_defaults(func=_fetch_model)
     ev = sub.add_parser("eval", help="accuracy, routing and latency on a labelled set (routed, short, long)")

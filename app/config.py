@@ -96,6 +96,17 @@ class Settings(BaseSettings):
     gpu_metrics_interval_s: float = Field(
         5.0, ge=0, description="How often GPU utilisation and memory are read through NVML; 0 = off."
     )
+    scorer_url: str = Field(
+        "",
+        description="Base URL of a scorer worker (`egrm scorer`), e.g. http://127.0.0.1:8001; "
+        "empty = the in-process heuristic scorer.",
+    )
+    scorer_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="Deadline of one call to the scorer worker; past it, the call is retried."
+    )
+    scorer_retries: int = Field(
+        1, ge=0, le=5, description="Retries of a scorer call after a connection error, timeout or 5xx."
+    )
     shutdown_grace_s: int = Field(60, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
 
     @field_validator("api_keys", "open_paths", mode="before")
@@ -105,6 +116,13 @@ class Settings(BaseSettings):
             if value.strip().startswith("["):
                 return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("scorer_url")
+    @classmethod
+    def _check_scorer_url(cls, value: str) -> str:
+        if value and not (value.startswith(("http://", "https://")) and value.split("://", 1)[1].strip("/")):
+            raise ValueError(f"EGRM_SCORER_URL must be an http(s) URL such as http://127.0.0.1:8001, got {value!r}")
         return value
 
     @model_validator(mode="after")

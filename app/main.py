@@ -20,6 +20,7 @@ from app.gpu_sampler import GpuSampler
 from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
 from app.scorer.base import Scorer
+from app.scorer.client import HttpScorer
 from app.scorer.heuristic import HeuristicScorer
 
 log = logging.getLogger(__name__)
@@ -88,14 +89,25 @@ def _openai(settings: Settings) -> Engine:
     return engine
 
 
+def build_scorer(settings: Settings) -> Scorer:
+    """The worker over HTTP when EGRM_SCORER_URL is set, else the in-process heuristic."""
+    if settings.scorer_url:
+        return HttpScorer(settings.scorer_url, timeout_s=settings.scorer_timeout_s, retries=settings.scorer_retries)
+    return HeuristicScorer()
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:
-    """Build the service; pass an engine to share one loaded model between apps (tests)."""
+    """Build the service; pass an engine to share one loaded model between apps (tests).
+
+    A scorer passed here wins over EGRM_SCORER_URL, and its owner closes it.
+    """
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = engine is None
         the_engine: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
+        the_scorer = scorer if scorer is not None else build_scorer(settings)
         app.state.settings = settings
         app.state.started_at = time.time()
         app.state.metrics = Metrics()
@@ -103,13 +115,15 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         gpus = GpuSampler(settings.gpu_metrics_interval_s)
         await asyncio.to_thread(gpus.start)  # loading the NVML library and a first reading block
         app.state.metrics.watch_gpus(gpus.latest)
-        app.state.pipeline = RewardPipeline(the_engine, scorer or HeuristicScorer())
+        app.state.pipeline = RewardPipeline(the_engine, the_scorer)
         try:
             yield
         finally:
             await asyncio.to_thread(gpus.close)
             if owned:
                 await the_engine.close()
+            if scorer is None:
+                await the_scorer.close()
 
     app = FastAPI(title="egrm", version="0.1.0", summary="Routed generative reward scoring (E-GRM)", lifespan=lifespan)
     install_error_handlers(app)

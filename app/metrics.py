@@ -19,12 +19,14 @@ from prometheus_client.registry import Collector
 from app.engines.base import EngineStats
 from app.gpu_sampler import GpuSample
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "WorkerMetrics"]
 
 # The *_created series double the output and no dashboard of ours reads them.
 disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
+# A scorer call is milliseconds for the heuristic, tens of ms for a small model.
+_WORKER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _CONSENSUS_BUCKETS = tuple(i / 10 for i in range(1, 11))
 
 
@@ -95,6 +97,31 @@ class Metrics:
     def observe_request(self, endpoint: str, routes: set[str], seconds: float) -> None:
         route = routes.pop() if len(routes) == 1 else ("mixed" if routes else "none")
         self.request_latency.labels(endpoint=endpoint, route=route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class WorkerMetrics:
+    """The scorer worker's own series (its process, its registry)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "egrm_scorer_worker_requests_total", "POST /v1/score requests, by HTTP status.", ["status"], registry=r
+        )
+        self.latency = Histogram(
+            "egrm_scorer_worker_request_latency_seconds",
+            "POST /v1/score latency, validation and scoring included.",
+            buckets=_WORKER_BUCKETS,
+            registry=r,
+        )
+        self.candidates = Counter("egrm_scorer_worker_candidates_total", "Candidates scored.", registry=r)
+
+    def observe_request(self, status: int, seconds: float) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.latency.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,14 +1,15 @@
-"""Start `egrm serve` as a real process on a free loopback port (benchmarks and tests)."""
+"""Start `egrm serve` or `egrm scorer` as a real process on a loopback port (benchmarks and tests)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import httpx
@@ -21,14 +22,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(
-    env: dict[str, str] | None = None, ready_timeout_s: float = 120
+def egrm_process(
+    command: str,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 120,
+    port: int | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Yield (base URL, process) of a ready server; stop it on exit. Its log goes to a temp file."""
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="egrm-serve-", suffix=".log", delete=False)
+    """Yield (base URL, process) of `egrm <command>` once its /readyz answers 200; stop it on exit.
+
+    A given port lets a test restart a process where its clients expect it. The log goes to a temp file.
+    """
+    port = port or free_port()
+    log = tempfile.NamedTemporaryFile(prefix=f"egrm-{command}-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "app.cli", command, "--host", "127.0.0.1", "--port", str(port), *args],
         env={**os.environ, **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -39,11 +47,22 @@ def server_process(
         yield url, proc
     finally:
         if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a test may have stopped it; SIGTERM waits for SIGCONT
             proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def server_process(
+    env: dict[str, str] | None = None, ready_timeout_s: float = 120
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (base URL, process) of a ready `egrm serve`; stop it on exit."""
+    with egrm_process("serve", env, ready_timeout_s) as running:
+        yield running
 
 
 @contextmanager
@@ -53,16 +72,25 @@ def running_server(env: dict[str, str] | None = None, ready_timeout_s: float = 1
         yield url
 
 
+@contextmanager
+def scorer_process(
+    port: int | None = None, args: Sequence[str] = (), ready_timeout_s: float = 60
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (base URL, process) of a ready `egrm scorer` worker; stop it on exit."""
+    with egrm_process("scorer", port=port, args=args, ready_timeout_s=ready_timeout_s) as running:
+        yield running
+
+
 def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             with open(log_path) as f:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{f.read()[-4000:]}")
+                raise RuntimeError(f"process exited with {proc.returncode}:\n{f.read()[-4000:]}")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise RuntimeError(f"server not ready after {timeout_s}s; log: {log_path}")
+    raise RuntimeError(f"not ready after {timeout_s}s; log: {log_path}")

@@ -29,8 +29,8 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "egrm.json"
 SETTINGS_PORT = Settings.model_fields["port"].default
 SCORER_COMMAND = ["egrm", "scorer", "--host", "0.0.0.0", "--port", "8001"]
 
-# Settings a sibling branch is adding right now (the scorer worker's client). Empty once it lands.
-PENDING_SETTINGS = {"EGRM_SCORER_URL"}
+# Settings named in deploy/ before the code has them (none today).
+PENDING_SETTINGS: set[str] = set()
 SETTING_NAMES = {f"EGRM_{name.upper()}" for name in Settings.model_fields}
 # Names the locustfile reads (a client's settings, not the service's).
 LOCUST_NAMES = set(re.findall(r'os\.environ\.get\("(EGRM_\w+)"', (ROOT / "loadtest" / "locustfile.py").read_text()))

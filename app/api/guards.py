@@ -11,8 +11,16 @@ from app.api.errors import error_response
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, api_keys: Iterable[str], open_paths: Iterable[str], max_body_bytes: int):
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_keys: Iterable[str],
+        open_paths: Iterable[str],
+        max_body_bytes: int,
+        limit_name: str = "EGRM_MAX_BODY_BYTES",  # what the 413 message names as the limit
+    ):
         self.app = app
+        self._limit_name = limit_name
         self._keys = [k.encode() for k in api_keys]
         self._open = set(open_paths)
         self._max_body = max_body_bytes
@@ -64,7 +72,7 @@ class GuardMiddleware:
         return any(matches)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        message = f"request body exceeds EGRM_MAX_BODY_BYTES={self._max_body} bytes"
+        message = f"request body exceeds {self._limit_name}={self._max_body} bytes"
         await error_response(413, "invalid_request_error", message, "body")(scope, receive, send)
 
 

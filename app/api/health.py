@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
@@ -25,9 +27,12 @@ class Readiness(BaseModel):
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 async def readyz(pipeline: PipelineDep) -> JSONResponse:
-    engine, scorer = await pipeline.engine.ready(), await pipeline.scorer.ready()
-    ok = engine and scorer
-    return JSONResponse({"ready": ok, "engine": engine, "scorer": scorer}, status_code=200 if ok else 503)
+    engine, scorer = await asyncio.gather(pipeline.engine.ready(), pipeline.scorer.ready())
+    # Only the engine decides readiness. A scorer that does not answer costs long-path quality
+    # (those items degrade to the candidates' majority, flagged and counted), not answers; taking
+    # every replica out of the load balancer because a shared scorer worker is down would turn
+    # that into a full outage. The body still says so, for probes and dashboards.
+    return JSONResponse({"ready": engine, "engine": engine, "scorer": scorer}, status_code=200 if engine else 503)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -1,0 +1,50 @@
+"""The scorer's wire models, its factory and the API's choice of scorer (no processes)."""
+
+import asyncio
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import Settings
+from app.main import build_scorer
+from app.scorer.base import Candidate
+from app.scorer.client import HttpScorer
+from app.scorer.heuristic import HeuristicScorer
+from app.scorer.registry import ScorerLoadError, load_scorer
+from app.scorer.wire import CandidateIn
+
+CANDIDATE = Candidate("Is 2+2=4?", "Yes", "Yes. Reasoning: 2+2 is 4.", "Yes", -0.4, 0.8, 12)
+
+
+def test_wire_model_mirrors_the_candidate_dataclass():
+    assert list(CandidateIn.model_fields) == [f.name for f in dataclasses.fields(Candidate)]
+    assert CandidateIn(**dataclasses.asdict(CANDIDATE)).to_candidate() == CANDIDATE
+
+
+def test_no_checkpoint_loads_the_heuristic():
+    assert isinstance(load_scorer(None), HeuristicScorer)
+
+
+def test_a_checkpoint_without_a_loader_is_a_clear_error(tmp_path):
+    with pytest.raises(ScorerLoadError, match="no trained scorer loader yet"):
+        load_scorer(tmp_path)
+
+
+def test_the_api_uses_the_worker_only_when_a_url_is_set():
+    assert isinstance(build_scorer(Settings()), HeuristicScorer)
+    remote = build_scorer(Settings(scorer_url="http://127.0.0.1:8001/", scorer_timeout_s=2, scorer_retries=0))
+    assert isinstance(remote, HttpScorer) and remote.url == "http://127.0.0.1:8001"
+    asyncio.run(remote.close())
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8001", "ftp://host", "http://"])
+def test_a_bad_scorer_url_names_the_setting(url):
+    with pytest.raises(ValidationError, match="EGRM_SCORER_URL"):
+        Settings(scorer_url=url)
+
+
+@pytest.mark.parametrize(("field", "value"), [("scorer_timeout_s", 0), ("scorer_retries", -1), ("scorer_retries", 6)])
+def test_scorer_bounds(field, value):
+    with pytest.raises(ValidationError, match=field):
+        Settings(**{field: value})
