@@ -22,13 +22,12 @@ and ignore_eos; "vllm-legacy" sends guided_regex (vLLM before structured_outputs
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
 from typing import Any, Literal, TypeVar
 
-from app.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, FinishReason
+from app.engines.base import Branch, BranchParams, FinishReason
 from app.engines.remote.answers import answers_regex
+from app.engines.remote.base import RemoteEngine
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
@@ -37,15 +36,7 @@ _COMPLETIONS = "/completions"
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class OpenAIBranch:
-    """A branch's context to continue from: prompt ids + the branch's tokens."""
-
-    engine: int  # id() of the engine that sampled it
-    ids: tuple[int, ...]
-
-
-class OpenAIEngine:
+class OpenAIEngine(RemoteEngine):
     def __init__(
         self,
         tokenizer: LocalTokenizer,
@@ -57,39 +48,17 @@ class OpenAIEngine:
         max_queue: int = 1024,
     ):
         """url: the API base, as the OpenAI SDK takes it (e.g. http://127.0.0.1:8000/v1)."""
-        self._tok = tokenizer
-        self._client = BackendClient("OpenAI-compatible server", url, api_key, timeout_s)
+        client = BackendClient("OpenAI-compatible server", url, api_key, timeout_s)
+        super().__init__(tokenizer, client, timeout_s, max_queue)
         self._model = model or None  # None: the first model the server lists
         self.dialect = dialect
-        self._ready_timeout_s = min(timeout_s, 10.0)
-        self._max_queue = max_queue
-        self._in_flight = 0
-        self._stats = EngineStats()
-
-    @property
-    def url(self) -> str:
-        return self._client.url
 
     @property
     def model_name(self) -> str:
         return self._model or self._tok.name
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return self._tok.render_chat(messages)
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
-
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
-        if not branches:
-            raise ValueError("branches must not be empty")
-        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
-        if not ids:
-            raise ValueError("prefix must not be empty")
-        self._tok.check_context(len(ids), branches)
+        ids = self._prompt_ids(prefix, branches)
         async with self._slot(len(branches)):
             if len(branches) > 1 and all(b == branches[0] for b in branches):
                 return await self._complete(ids, branches[0], len(branches))
@@ -99,15 +68,7 @@ class OpenAIEngine:
     async def continue_branches(
         self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
     ) -> list[Branch]:
-        if len(handles) != len(branches):
-            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        if not text:
-            raise ValueError("text to append must not be empty")
-        if not all(isinstance(h, OpenAIBranch) and h.engine == id(self) for h in handles):
-            raise ValueError("handles must come from this engine's sample()")
-        appended = self.encode(text)
-        contexts = [[*h.ids, *appended] for h in handles]
-        self._tok.check_context(max(len(c) for c in contexts), branches)
+        contexts = self._contexts(handles, text, branches)
         async with self._slot(len(branches)):
             done = await _all_or_none([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
         return [one[0] for one in done]
@@ -171,7 +132,7 @@ class OpenAIEngine:
             prompt_tokens=prompt,
             cached_prompt_tokens=cached,
             logprobs=values,
-            handle=OpenAIBranch(id(self), (*context, *self._tok.without_eos(ids))),
+            handle=self._handle(context, ids),
         )
 
     async def _first_model(self) -> str:
@@ -182,28 +143,8 @@ class OpenAIEngine:
             raise self._client.malformed("/models", "no model listed; set EGRM_OPENAI_MODEL") from exc
         return self._model
 
-    @asynccontextmanager
-    async def _slot(self, branches: int) -> AsyncIterator[None]:
-        """Bound the calls waiting on the server, as the embedded engine bounds its queue."""
-        if self._in_flight >= self._max_queue:
-            raise EngineBusyError(f"{self._in_flight} calls are waiting on the OpenAI-compatible server")
-        self._in_flight += 1
-        self._stats.batched_requests += 1
-        self._stats.batched_branches += branches
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-
-    def stats(self) -> EngineStats:
-        self._stats.queue_depth = self._in_flight
-        return self._stats
-
     async def ready(self) -> bool:
         return await self._client.probe("/models", self._ready_timeout_s)
-
-    async def close(self) -> None:
-        await self._client.close()
 
 
 async def _all_or_none(calls: Sequence[Awaitable[T]]) -> list[T]:

@@ -27,8 +27,7 @@ the new text) as token ids: the runtime finds all but the new text in its radix 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,24 +35,15 @@ from app.engines.base import (
     BackendRejectedError,
     Branch,
     BranchParams,
-    EngineBusyError,
-    EngineStats,
     EngineUnavailableError,
     FinishReason,
 )
 from app.engines.remote.answers import answers_regex
+from app.engines.remote.base import RemoteEngine
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
 _GENERATE = "/generate"
-
-
-@dataclass(frozen=True, slots=True)
-class SGLangBranch:
-    """A branch's full context as the runtime holds it: prompt ids + its own output ids."""
-
-    engine: int  # id() of the engine that sampled it
-    ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +81,7 @@ def _logprobs_of_output(prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
     return {"return_logprob": True, "logprob_start_len": [len(p) - 1 for p in prompts]}
 
 
-class SGLangEngine:
+class SGLangEngine(RemoteEngine):
     def __init__(
         self,
         tokenizer: LocalTokenizer,
@@ -100,38 +90,15 @@ class SGLangEngine:
         timeout_s: float = 120.0,
         max_queue: int = 1024,
     ):
-        self._tok = tokenizer
-        self._client = BackendClient("SGLang runtime", url, api_key, timeout_s)
-        self._ready_timeout_s = min(timeout_s, 10.0)
-        self._max_queue = max_queue
-        self._in_flight = 0
-        self._stats = EngineStats()
+        super().__init__(tokenizer, BackendClient("SGLang runtime", url, api_key, timeout_s), timeout_s, max_queue)
         self._runtime_model: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self._client.url
 
     @property
     def model_name(self) -> str:
         return self._runtime_model or self._tok.name
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return self._tok.render_chat(messages)
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
-
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
-        if not branches:
-            raise ValueError("branches must not be empty")
-        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
-        if not ids:
-            raise ValueError("prefix must not be empty")
-        self._tok.check_context(len(ids), branches)
+        ids = self._prompt_ids(prefix, branches)
         async with self._slot(len(branches)):
             warm = (await self._generate({"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}))[0]
             outs = await self._generate(
@@ -152,15 +119,7 @@ class SGLangEngine:
     async def continue_branches(
         self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
     ) -> list[Branch]:
-        if len(handles) != len(branches):
-            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        if not text:
-            raise ValueError("text to append must not be empty")
-        if not all(isinstance(h, SGLangBranch) and h.engine == id(self) for h in handles):
-            raise ValueError("handles must come from this engine's sample()")
-        appended = self.encode(text)
-        contexts = [[*h.ids, *appended] for h in handles]
-        self._tok.check_context(max(len(c) for c in contexts), branches)
+        contexts = self._contexts(handles, text, branches)
         async with self._slot(len(branches)):
             outs = await self._generate(
                 {
@@ -181,21 +140,8 @@ class SGLangEngine:
             prompt_tokens=out.prompt_tokens,
             cached_prompt_tokens=out.cached_tokens,
             logprobs=out.logprobs,
-            handle=SGLangBranch(id(self), (*context, *self._tok.without_eos(own))),
+            handle=self._handle(context, own),
         )
-
-    @asynccontextmanager
-    async def _slot(self, branches: int) -> AsyncIterator[None]:
-        """Bound the calls waiting on the runtime, as the embedded engine bounds its queue."""
-        if self._in_flight >= self._max_queue:
-            raise EngineBusyError(f"{self._in_flight} calls are waiting on the SGLang runtime (EGRM_MAX_QUEUE)")
-        self._in_flight += 1
-        self._stats.batched_requests += 1
-        self._stats.batched_branches += branches
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
 
     async def _generate(self, body: dict[str, Any]) -> list[_Output]:
         answer = await self._client.post(_GENERATE, body)
@@ -237,10 +183,6 @@ class SGLangEngine:
         if got != want:
             raise self._client.malformed(_GENERATE, f"{got} results for {want} prompts")
 
-    def stats(self) -> EngineStats:
-        self._stats.queue_depth = self._in_flight
-        return self._stats
-
     async def ready(self) -> bool:
         if not await self._client.probe("/health", self._ready_timeout_s):
             return False
@@ -258,6 +200,3 @@ class SGLangEngine:
             if isinstance(info, dict) and info.get("model_path"):
                 return str(info["model_path"])
         return None
-
-    async def close(self) -> None:
-        await self._client.close()

@@ -1,0 +1,90 @@
+"""What every engine that samples on another server shares: local tokenization, handles, a bounded
+number of calls in flight, stats. Subclasses say how branches travel (SGLang, OpenAI-compatible)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from app.engines.base import BranchParams, EngineBusyError, EngineStats
+from app.engines.remote.client import BackendClient
+from app.engines.remote.tokenizer import LocalTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBranch:
+    """A branch's whole context as the server saw it: prompt ids + the branch's own ids."""
+
+    engine: int  # id() of the engine that sampled it
+    ids: tuple[int, ...]
+
+
+class RemoteEngine:
+    def __init__(self, tokenizer: LocalTokenizer, client: BackendClient, timeout_s: float, max_queue: int):
+        self._tok = tokenizer
+        self._client = client
+        self._ready_timeout_s = min(timeout_s, 10.0)
+        self._max_queue = max_queue
+        self._in_flight = 0
+        self._stats = EngineStats()
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        return self._tok.render_chat(messages)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def _prompt_ids(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[int]:
+        """The prompt as token ids, checked against the model's context before any call."""
+        if not branches:
+            raise ValueError("branches must not be empty")
+        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
+        if not ids:
+            raise ValueError("prefix must not be empty")
+        self._tok.check_context(len(ids), branches)
+        return ids
+
+    def _contexts(self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]) -> list[list[int]]:
+        """Each branch's context followed by `text`: what continuing it sends."""
+        if len(handles) != len(branches):
+            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
+        if not text:
+            raise ValueError("text to append must not be empty")
+        if not all(isinstance(h, RemoteBranch) and h.engine == id(self) for h in handles):
+            raise ValueError("handles must come from this engine's sample()")
+        appended = self.encode(text)
+        contexts = [[*h.ids, *appended] for h in handles]
+        self._tok.check_context(max(len(c) for c in contexts), branches)
+        return contexts
+
+    def _handle(self, context: Sequence[int], own_ids: Sequence[int]) -> RemoteBranch:
+        return RemoteBranch(id(self), (*context, *self._tok.without_eos(list(own_ids))))
+
+    @asynccontextmanager
+    async def _slot(self, branches: int) -> AsyncIterator[None]:
+        """Bound the calls waiting on the server, as the embedded engine bounds its queue."""
+        if self._in_flight >= self._max_queue:
+            raise EngineBusyError(f"{self._in_flight} calls are waiting on the {self._client.kind} (EGRM_MAX_QUEUE)")
+        self._in_flight += 1
+        self._stats.batched_requests += 1
+        self._stats.batched_branches += branches
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self._in_flight
+        return self._stats
+
+    async def close(self) -> None:
+        await self._client.close()
