@@ -120,6 +120,36 @@ def _make_scorer_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_scorer(args: argparse.Namespace) -> int:
+    from app.scorer.data import read
+    from app.scorer.loss import HybridLoss
+    from app.scorer.train import TrainConfig, save_to, train
+
+    config = TrainConfig(epochs=args.epochs, seed=args.seed, loss=HybridLoss(args.a, args.delta, args.margin))
+    checkpoint = train(read(args.data), config, progress=True)
+    path = save_to(args.out, checkpoint)
+    print(json.dumps({"checkpoint": str(path), **{k: v for k, v in checkpoint.meta.items() if k != "config"}}))
+    return 0
+
+
+def _eval_scorer(args: argparse.Namespace) -> int:
+    from app.scorer.data import read
+    from app.scorer.model import DEFAULT_CHECKPOINT, Checkpoint
+    from app.scorer.train import TrainConfig, ablation, evaluate, seeds_spread
+
+    train_items, test_items = read(args.train), read(args.data)
+    report = evaluate(Checkpoint.load(args.checkpoint or DEFAULT_CHECKPOINT), train_items, test_items)
+    if args.ablation:
+        report["ablation"] = ablation(train_items, test_items, TrainConfig())
+        report["seeds"] = seeds_spread(train_items, test_items)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for key, value in report.items():
+            print(f"{key}: {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="egrm", description="Routed generative reward scoring (E-GRM).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     scorer = sub.add_parser("scorer", help="run the scorer worker (the API reaches it by EGRM_SCORER_URL)")
     scorer.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     scorer.add_argument("--port", type=int, default=8001, help="port (default 8001)")
-    scorer.add_argument("--checkpoint", type=Path, help="trained scorer folder; default: the heuristic scorer")
+    scorer.add_argument(
+        "--checkpoint",
+        default="",
+        help="heuristic (default), trained (the shipped checkpoint), or a scorer.json / its folder",
+    )
     scorer.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     scorer.set_defaults(func=_scorer)
     fetch = sub.add_parser("fetch-model", help="download and convert the default model (idempotent)")
@@ -152,11 +186,27 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_eval)
     data = sub.add_parser("make-scorer-data", help="label the judge's long-path candidates on builtin:arith")
     data.add_argument("--out", type=Path, default=Path("data/scorer"), help="writes train.jsonl and test.jsonl here")
-    data.add_argument("--train", type=int, default=240, help="training items (5 candidates each)")
-    data.add_argument("--test", type=int, default=90, help="held-out items (from the test split)")
+    data.add_argument("--train", type=int, default=100, help="training items (5 candidates each)")
+    data.add_argument("--test", type=int, default=60, help="held-out items (from the test split)")
     data.add_argument("--long-max-tokens", type=int, default=96, help="reasoning tokens per candidate (as served)")
     data.add_argument("--seed", type=int, default=7)
     data.set_defaults(func=_make_scorer_data)
+    tr = sub.add_parser("train-scorer", help="train the scorer (hybrid loss) on make-scorer-data output")
+    tr.add_argument("--data", type=Path, default=Path("data/scorer/train.jsonl"), help="training JSONL")
+    tr.add_argument("--out", type=Path, required=True, help="folder for scorer.json (or a .json path)")
+    tr.add_argument("--a", type=float, default=0.7, help="weight of the Huber term (the hinge gets 1 - a)")
+    tr.add_argument("--delta", type=float, default=1.0, help="Huber delta")
+    tr.add_argument("--margin", type=float, default=0.1, help="hinge margin between better and worse")
+    tr.add_argument("--epochs", type=int, default=400)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.set_defaults(func=_train_scorer)
+    es = sub.add_parser("eval-scorer", help="held-out pairwise accuracy and MAE of a scorer against baselines")
+    es.add_argument("--data", type=Path, default=Path("data/scorer/test.jsonl"), help="held-out JSONL")
+    es.add_argument("--train", type=Path, default=Path("data/scorer/train.jsonl"), help="fits baseline directions")
+    es.add_argument("--checkpoint", type=Path, help="scorer.json to evaluate (default: the shipped one)")
+    es.add_argument("--ablation", action="store_true", help="also retrain on each feature group and over 3 seeds")
+    es.add_argument("--json", action="store_true", help="one JSON line")
+    es.set_defaults(func=_eval_scorer)
 
     score = sub.add_parser(
         "score",

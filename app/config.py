@@ -101,6 +101,11 @@ class Settings(BaseSettings):
         description="Base URL of a scorer worker (`egrm scorer`), e.g. http://127.0.0.1:8001; "
         "empty = the in-process heuristic scorer.",
     )
+    scorer_checkpoint: str = Field(
+        "",
+        description="Without a worker URL: the scorer run in-process. Empty or `heuristic` = the heuristic; "
+        "`trained` = the checkpoint shipped with egrm; else a checkpoint file or folder.",
+    )
     scorer_timeout_s: float = Field(
         5.0, gt=0, le=300, description="Deadline of one call to the scorer worker; past it, the call is retried."
     )

@@ -21,7 +21,7 @@ from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
 from app.scorer.base import Scorer
 from app.scorer.client import HttpScorer
-from app.scorer.heuristic import HeuristicScorer
+from app.scorer.registry import load_scorer
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,10 @@ def _openai(settings: Settings) -> Engine:
 
 
 def build_scorer(settings: Settings) -> Scorer:
-    """The worker over HTTP when EGRM_SCORER_URL is set, else the in-process heuristic."""
+    """The worker over HTTP when EGRM_SCORER_URL is set, else the checkpoint in this process."""
     if settings.scorer_url:
         return HttpScorer(settings.scorer_url, timeout_s=settings.scorer_timeout_s, retries=settings.scorer_retries)
-    return HeuristicScorer()
+    return load_scorer(settings.scorer_checkpoint)
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:

@@ -20,6 +20,7 @@ import numpy as np
 from app.scorer.base import Candidate
 from app.scorer.features import FEATURES, vector
 
+CHECKPOINT_NAME = "scorer.json"  # what `egrm train-scorer --out DIR` writes in DIR
 DEFAULT_CHECKPOINT = Path(__file__).with_name("default_scorer.json")
 # torch parameter names of ScorerNet, in the order the forward uses them
 PARAMS = ("mean", "std", "layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias")

@@ -6,18 +6,32 @@ from pathlib import Path
 
 from app.scorer.base import Scorer
 from app.scorer.heuristic import HeuristicScorer
+from app.scorer.model import CHECKPOINT_NAME, DEFAULT_CHECKPOINT, TrainedScorer
 
 
 class ScorerLoadError(RuntimeError):
     """The checkpoint cannot be turned into a scorer."""
 
 
-def load_scorer(checkpoint: Path | None) -> Scorer:
-    """None -> the in-process heuristic; a folder -> the trained scorer saved there.
+HEURISTIC = "heuristic"
+TRAINED = "trained"
 
+
+def load_scorer(checkpoint: Path | str | None) -> Scorer:
+    """None, "" or "heuristic" -> the heuristic; "trained" -> the checkpoint that ships with egrm
+    (app/scorer/default_scorer.json); a path -> the checkpoint there (scorer.json or its folder).
+
+    The heuristic stays the default until a trained scorer beats it on held-out candidates: with
+    the untuned default judge, neither is better than chance (README, "Training the scorer").
     The worker awaits score() on its event loop: a scorer that runs a model must do that work
-    off the loop (asyncio.to_thread or its own thread), as the embedded engine does.
+    off the loop. The trained scorer is a few hundred multiply-adds per candidate: it runs inline.
     """
-    if checkpoint is None:
+    if not checkpoint or checkpoint == HEURISTIC:
         return HeuristicScorer()
-    raise ScorerLoadError(f"no trained scorer loader yet: cannot load checkpoint {checkpoint}")
+    path = DEFAULT_CHECKPOINT if checkpoint == TRAINED else Path(checkpoint)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    try:
+        return TrainedScorer.load(path)
+    except ValueError as exc:
+        raise ScorerLoadError(str(exc)) from exc

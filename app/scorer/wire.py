@@ -30,6 +30,9 @@ class CandidateIn(BaseModel):
     mean_logprob: float = Field(description="Mean model log-prob of the candidate's tokens (finite).")
     agreement: float = Field(ge=0.0, le=1.0, description="Share of the item's candidates with the same answer.")
     tokens: int = Field(ge=0)
+    min_logprob: float = Field(0.0, le=0.0, description="The least likely reasoning token's log-prob.")
+    final_logprob: float = Field(0.0, le=0.0, description="Log-prob of the final answer's tokens.")
+    finished: bool = Field(True, description="The reasoning reached the final-answer cue within its token limit.")
 
     def to_candidate(self) -> Candidate:
         return Candidate(**self.model_dump())

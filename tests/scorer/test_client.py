@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from app.scorer.client import HttpScorer, ScorerError
-from app.scorer.heuristic import HeuristicScorer
+from app.scorer.registry import load_scorer
 from app.scorer.wire import MAX_ANSWER_CHARS
 from loadtest.serverproc import free_port, scorer_process
 from tests.scorer.faults import failing_server, hanging_server
@@ -34,7 +34,7 @@ async def scores_and_ready(url: str, **kw) -> tuple[list[float] | ScorerError, b
 def test_scores_from_the_worker_equal_the_in_process_ones():
     with scorer_process() as (url, _):
         scores, ready = asyncio.run(scores_and_ready(url))
-    assert scores == asyncio.run(HeuristicScorer().score(CANDIDATES)) and ready
+    assert scores == asyncio.run(load_scorer(None).score(CANDIDATES)) and ready
 
 
 def test_nobody_listening_raises_after_the_retries():
@@ -94,4 +94,4 @@ def test_one_client_survives_a_worker_restart_on_the_same_port():
             await scorer.close()
 
     first, second = asyncio.run(across_restart())
-    assert first == second == asyncio.run(HeuristicScorer().score(CANDIDATES))
+    assert first == second == asyncio.run(load_scorer(None).score(CANDIDATES))

@@ -11,6 +11,7 @@ from app.main import build_scorer
 from app.scorer.base import Candidate
 from app.scorer.client import HttpScorer
 from app.scorer.heuristic import HeuristicScorer
+from app.scorer.model import DEFAULT_CHECKPOINT, TrainedScorer
 from app.scorer.registry import ScorerLoadError, load_scorer
 from app.scorer.wire import CandidateIn
 
@@ -22,17 +23,24 @@ def test_wire_model_mirrors_the_candidate_dataclass():
     assert CandidateIn(**dataclasses.asdict(CANDIDATE)).to_candidate() == CANDIDATE
 
 
-def test_no_checkpoint_loads_the_heuristic():
-    assert isinstance(load_scorer(None), HeuristicScorer)
+def test_the_heuristic_is_the_default_and_trained_the_shipped_checkpoint():
+    assert all(isinstance(load_scorer(c), HeuristicScorer) for c in (None, "", "heuristic"))
+    assert isinstance(load_scorer("trained"), TrainedScorer)
 
 
-def test_a_checkpoint_without_a_loader_is_a_clear_error(tmp_path):
-    with pytest.raises(ScorerLoadError, match="no trained scorer loader yet"):
-        load_scorer(tmp_path)
+def test_a_folder_or_file_checkpoint_loads(tmp_path):
+    (tmp_path / "scorer.json").write_text(DEFAULT_CHECKPOINT.read_text())
+    assert load_scorer(tmp_path).predict([CANDIDATE]) == load_scorer(tmp_path / "scorer.json").predict([CANDIDATE])
+
+
+def test_a_bad_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ScorerLoadError, match="not a scorer checkpoint"):
+        load_scorer(tmp_path)  # a folder without scorer.json
 
 
 def test_the_api_uses_the_worker_only_when_a_url_is_set():
     assert isinstance(build_scorer(Settings()), HeuristicScorer)
+    assert isinstance(build_scorer(Settings(scorer_checkpoint="trained")), TrainedScorer)
     remote = build_scorer(Settings(scorer_url="http://127.0.0.1:8001/", scorer_timeout_s=2, scorer_retries=0))
     assert isinstance(remote, HttpScorer) and remote.url == "http://127.0.0.1:8001"
     asyncio.run(remote.close())

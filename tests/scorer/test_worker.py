@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.scorer.heuristic import HeuristicScorer
+from app.scorer.registry import load_scorer
 from app.scorer.wire import MAX_ANSWER_CHARS, MAX_BODY_BYTES, MAX_CANDIDATES, MAX_TEXT_CHARS
 from loadtest.serverproc import scorer_process
 from tests.scorer.scrape import metric
@@ -36,7 +36,7 @@ def test_scores_come_back_in_order_from_the_loaded_scorer(worker):
     ]
     r = score(worker, {"candidates": [dataclasses.asdict(c) for c in candidates]})
     assert r.status_code == 200, r.text
-    assert r.json() == {"scores": asyncio.run(HeuristicScorer().score(candidates)), "scorer": "HeuristicScorer"}
+    assert r.json() == {"scores": asyncio.run(load_scorer(None).score(candidates)), "scorer": "HeuristicScorer"}
 
 
 @pytest.mark.parametrize(
@@ -105,8 +105,15 @@ def test_health_and_readiness(worker):
     assert r.status_code == 200 and r.json() == {"ready": True}
 
 
-def test_a_checkpoint_without_a_loader_stops_the_worker_with_a_clear_message(tmp_path):
+def test_a_bad_checkpoint_stops_the_worker_with_a_clear_message(tmp_path):
     cli = [sys.executable, "-m", "app.cli", "scorer", "--port", "1", "--checkpoint", str(tmp_path)]
     done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "no trained scorer loader yet" in done.stderr and str(tmp_path) in done.stderr
+    assert "not a scorer checkpoint" in done.stderr and str(tmp_path) in done.stderr
+
+
+def test_the_worker_serves_the_shipped_trained_scorer_when_asked():
+    with scorer_process(args=["--checkpoint", "trained"]) as (url, _):
+        r = score(url, {"candidates": [dataclasses.asdict(CANDIDATE)]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"scores": asyncio.run(load_scorer("trained").score([CANDIDATE])), "scorer": "TrainedScorer"}
