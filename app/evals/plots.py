@@ -11,8 +11,11 @@ from app.pipeline.types import Route
 
 
 def _pyplot() -> Any:
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its INFO lines would drown the report
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 
@@ -22,7 +25,7 @@ def _pyplot() -> Any:
 def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     fig, (cal, lat, tau) = plt.subplots(1, 3, figsize=(15, 4.2))
-    title = f"builtin eval: n={report['n']}, M={report['m']}, tau={report['tau']}, {report['strategy']}"
+    title = f"egrm eval: n={report['n']}, M={report['m']}, tau={report['tau']}, {report['strategy']}"
     fig.suptitle(title)
 
     rows = report["calibration"]
@@ -68,7 +71,8 @@ def plot_sweep(name: str, rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """One line per metric against the swept value (m, tau or strategy)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    xs = [str(r[name]) for r in rows]
+    # m and tau on a numeric axis; strategies as categories
+    xs = [r[name] if isinstance(r[name], (int, float)) else str(r[name]) for r in rows]
     metrics = ("accuracy_routed", "accuracy_always_short", "short_path_rate", "short_path_accuracy", "mean_consensus")
     for metric in metrics:
         ys = [r.get(metric) for r in rows]
