@@ -44,7 +44,7 @@ def build_engine(settings: Settings) -> Engine:
     from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
 
     path = model_path(settings)
-    log.info("loading %s (%s)", path, settings.dtype)
+    log.info("loading %s (dtype %s)", path, settings.dtype)
     return EmbeddedEngine.load(
         str(path),
         dtype=settings.dtype,

@@ -67,7 +67,9 @@ def test_chat_completion_carries_the_judgement(client, url):
     assert egrm["consensus"] == max(egrm["votes"].values()) / 5
     usage = completion.usage
     assert usage.completion_tokens == 5 and usage.total_tokens == usage.prompt_tokens + 5
-    assert usage.prompt_tokens_details.cached_tokens == 4 * usage.prompt_tokens // 5  # one prefill, five rows
+    # One prefill for five rows: at least four fifths cached, more when the prefix cache already
+    # holds the template's head (the session's engine has served other requests).
+    assert 4 * usage.prompt_tokens // 5 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
     assert completion.id.startswith("chatcmpl-") and completion.object == "chat.completion"
     # Counted like /v1/rewards: the route counter and the request latency by endpoint.
     assert metric(url, 'egrm_route_total{route="short"}') == before + 1

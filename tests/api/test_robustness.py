@@ -83,8 +83,11 @@ def test_body_limit_declared_and_chunked(guarded_server):
 
 
 def test_deadline_gives_504_and_the_service_goes_on(model_path):
-    with running_server({"EGRM_MODEL": str(model_path), "EGRM_REQUEST_TIMEOUT_S": "0.5"}) as url:
-        r = httpx.post(f"{url}/v1/rewards", json=LONG, timeout=60)
+    # A deadline a short request meets with room to spare on a slow CPU (~1 s here in bf16), and a
+    # long path it cannot: 16 branches of up to 2,048 reasoning tokens.
+    env = {"EGRM_MODEL": str(model_path), "EGRM_REQUEST_TIMEOUT_S": "5", "EGRM_LONG_MAX_TOKENS": "2048"}
+    with running_server(env) as url:
+        r = httpx.post(f"{url}/v1/rewards", json={**LONG, "options": {"path": "long", "m": 16}}, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
         assert metric(url, 'egrm_cancelled_requests_total{reason="deadline"}') == 1
         assert httpx.post(f"{url}/v1/rewards", json=SHORT, timeout=60).status_code == 200

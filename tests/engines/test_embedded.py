@@ -127,3 +127,13 @@ def test_bad_input_is_rejected(any_engine, prefix):
         BranchParams(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):
         BranchParams(top_p=0)
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_cpu_has_it():
+    import torch
+
+    from app.engines.embedded.loader import resolve_dtype
+
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert resolve_dtype("auto") == ("bfloat16" if native else "float32")
+    assert resolve_dtype("bfloat16") == "bfloat16" and resolve_dtype("float32") == "float32"
