@@ -44,10 +44,10 @@ class Settings(BaseSettings):
     )
     model_name: str = Field("", description="Model id reported by the API; default: folder name.")
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
-    dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto",
+    dtype: Literal["bfloat16", "float32", "auto"] = Field(
+        "bfloat16",
         description="Embedded engine weights and compute dtype; auto = bfloat16 where the CPU has native "
-        "bf16 (AVX512-BF16, AMX), else float32.",
+        "bf16 (AVX512-BF16, AMX), else float32 (faster prefill, slower decode there: see README).",
     )
     threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
     parallel_mode: Literal["sequence", "batch"] = Field(

@@ -61,7 +61,7 @@ class EmbeddedEngine:
         self.prefix_cache = PrefixCache() if self._lean is not None and prefix_cache else None
 
     @classmethod
-    def load(cls, path: str, dtype: str = "auto", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
+    def load(cls, path: str, dtype: str = "bfloat16", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
         return cls(lambda: load_model(path, dtype=dtype, threads=threads), **kwargs)
 
     def run_on_model_thread(self, fn: Callable[[], Any]) -> Any:
