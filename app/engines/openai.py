@@ -21,10 +21,10 @@ and ignore_eos; "vllm-legacy" sends guided_regex (vLLM before structured_outputs
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Any, Literal
 
+from app.aio import gather_or_cancel
 from app.engines.base import Branch, BranchParams, FinishReason
 from app.engines.remote.answers import answers_regex
 from app.engines.remote.base import RemoteEngine
@@ -33,7 +33,6 @@ from app.engines.remote.tokenizer import LocalTokenizer
 
 Dialect = Literal["openai", "vllm", "vllm-legacy"]
 _COMPLETIONS = "/completions"
-T = TypeVar("T")
 
 
 class OpenAIEngine(RemoteEngine):
@@ -62,7 +61,7 @@ class OpenAIEngine(RemoteEngine):
         async with self._slot(len(branches)):
             if len(branches) > 1 and all(b == branches[0] for b in branches):
                 return await self._complete(ids, branches[0], len(branches))
-            done = await _all_or_none([self._complete(ids, b, 1) for b in branches])
+            done = await gather_or_cancel([self._complete(ids, b, 1) for b in branches])
         return [branch for one in done for branch in one]
 
     async def continue_branches(
@@ -70,7 +69,7 @@ class OpenAIEngine(RemoteEngine):
     ) -> list[Branch]:
         contexts = self._contexts(handles, text, branches)
         async with self._slot(len(branches)):
-            done = await _all_or_none([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
         return [one[0] for one in done]
 
     def request_body(self, model: str, ids: list[int], p: BranchParams, n: int) -> dict[str, Any]:
@@ -145,15 +144,3 @@ class OpenAIEngine(RemoteEngine):
 
     async def ready(self) -> bool:
         return await self._client.probe("/models", self._ready_timeout_s)
-
-
-async def _all_or_none(calls: Sequence[Awaitable[T]]) -> list[T]:
-    """Await all calls; when one fails, cancel the others (nobody would read them) and re-raise."""
-    tasks = [asyncio.ensure_future(c) for c in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from app.aio import gather_or_cancel
 from app.engines.base import BranchParams, Engine
 from app.pipeline.consensus import choose_route, tally
 from app.pipeline.longpath import run_long_path, usage_of
@@ -43,20 +44,11 @@ class RewardPipeline:
             for i, ids in enumerate(prompts):
                 if len(ids) > max_prompt_tokens:
                     raise PromptTooLongError(i, len(ids), max_prompt_tokens)
-        tasks = [
-            asyncio.ensure_future(self._score_or_error(item, ids, options))
-            for item, ids in zip(items, prompts, strict=True)
-        ]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            # One item failed the whole request (e.g. the engine queue is full): stop the others
-            # instead of leaving their work running for nobody, and wait until they have let go
-            # of the engine (their queued jobs are then cancelled, never run).
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        # One item failing the whole request (e.g. the engine queue is full) stops the others
+        # instead of leaving their work running for nobody (their queued jobs are cancelled).
+        return await gather_or_cancel(
+            [self._score_or_error(item, ids, options) for item, ids in zip(items, prompts, strict=True)]
+        )
 
     async def encode_prompts(self, items: Sequence[JudgeItem], template: str) -> list[list[int]]:
         """The token ids of each item's judge prompt (what the engine will prefill)."""
