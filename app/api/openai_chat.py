@@ -17,9 +17,18 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import MetricsDep, PipelineDep, SettingsDep
 from app.api.errors import ApiError
-from app.api.scoring import ERROR_RESPONSES, raise_item_errors, resolve_options, score_items, served_model
+from app.api.scoring import (
+    ERROR_RESPONSES,
+    candidates_out,
+    raise_item_errors,
+    resolve_options,
+    samples_out,
+    score_items,
+    served_model,
+    timings_out,
+)
 from app.pipeline.types import ItemResult, JudgeItem
-from app.protocol import CandidateOut, ErrorResponse, RewardOptions, SampleOut, TimingsOut
+from app.protocol import ErrorResponse, RewardOptions
 from app.protocol_openai import (
     ChatChoice,
     ChatCompletionRequest,
@@ -113,14 +122,10 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
         consensus=r.consensus,
         votes=r.votes,
         template=template,
-        samples=[SampleOut(text=s.text, answer=s.answer, temperature=s.temperature) for s in r.samples]
-        if r.samples is not None
-        else None,
-        candidates=[CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score) for c in r.candidates]
-        if r.candidates is not None
-        else None,
+        samples=samples_out(r),
+        candidates=candidates_out(r),
         degraded=r.degraded,
-        timings=TimingsOut(**{k: round(getattr(r.timings, k), 3) for k in TimingsOut.model_fields}),
+        timings=timings_out(r),
     )
 
 

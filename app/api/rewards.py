@@ -6,17 +6,23 @@ from fastapi import APIRouter, Request
 
 from app.api.deps import MetricsDep, PipelineDep, SettingsDep
 from app.api.errors import ApiError
-from app.api.scoring import ERROR_RESPONSES, check_item_count, resolve_options, score_items, served_model
+from app.api.scoring import (
+    ERROR_RESPONSES,
+    candidates_out,
+    check_item_count,
+    resolve_options,
+    samples_out,
+    score_items,
+    served_model,
+    timings_out,
+)
 from app.config import Settings
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions
 from app.protocol import (
-    CandidateOut,
     ErrorDetail,
     RewardRequest,
     RewardResponse,
     RewardResult,
-    SampleOut,
-    TimingsOut,
 )
 from app.protocol import Usage as UsageOut
 
@@ -43,15 +49,11 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         route=r.route.value if r.route else None,
         consensus=r.consensus,
         votes=r.votes,
-        samples=[SampleOut(text=s.text, answer=s.answer, temperature=s.temperature) for s in r.samples]
-        if r.samples is not None
-        else None,
-        candidates=[CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score) for c in r.candidates]
-        if r.candidates is not None
-        else None,
+        samples=samples_out(r),
+        candidates=candidates_out(r),
         degraded=r.degraded,
         error=ErrorDetail(type="item_error", message=r.error, param=f"items[{index}]") if r.error else None,
-        timings=TimingsOut(**{k: round(getattr(r.timings, k), 3) for k in TimingsOut.model_fields}),
+        timings=timings_out(r),
     )
 
 

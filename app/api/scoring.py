@@ -18,7 +18,7 @@ from app.config import Settings, temperature_ladder
 from app.metrics import Metrics
 from app.pipeline.service import PromptTooLongError, RewardPipeline
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
-from app.protocol import ErrorResponse, RewardOptions
+from app.protocol import CandidateOut, ErrorResponse, RewardOptions, SampleOut, TimingsOut
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 413, 422, 429, 500, 503, 504)
@@ -101,6 +101,22 @@ def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int],
     for i, r in enumerate(results):
         if r.error is not None:
             raise ApiError(422, f"{item_param(i)} could not be judged: {r.error}", item_param(i))
+
+
+def samples_out(r: ItemResult) -> list[SampleOut] | None:
+    if r.samples is None:
+        return None
+    return [SampleOut(text=s.text, answer=s.answer, temperature=s.temperature) for s in r.samples]
+
+
+def candidates_out(r: ItemResult) -> list[CandidateOut] | None:
+    if r.candidates is None:
+        return None
+    return [CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score) for c in r.candidates]
+
+
+def timings_out(r: ItemResult) -> TimingsOut:
+    return TimingsOut(**{k: round(getattr(r.timings, k), 3) for k in TimingsOut.model_fields})
 
 
 def served_model(settings: Settings, pipeline: RewardPipeline) -> str:
