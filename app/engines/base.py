@@ -50,7 +50,8 @@ class Branch:
     finish_reason: FinishReason
     prompt_tokens: int  # context the branch was conditioned on
     cached_prompt_tokens: int  # of those, how many were served from cache (not recomputed)
-    logprobs: list[float] = field(default_factory=list)  # model log-prob of each new token (T=1)
+    # Model log-prob of each new token at T=1 (within the allowed answers when constrained).
+    logprobs: list[float] = field(default_factory=list)
     handle: Any = None  # engine-specific; pass to Engine.continue_branches
 
     @property

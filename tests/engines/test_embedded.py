@@ -60,6 +60,30 @@ def test_constrained_choice_always_yields_an_allowed_answer(any_engine, prefix, 
     assert all(b.finish_reason is FinishReason.STOP for b in branches)
 
 
+def _model_logprobs(engine: EmbeddedEngine, prefix: str, tokens: list[int]) -> torch.Tensor:
+    """log-softmax of transformers' own forward at each new token's position: (len(tokens), V)."""
+    ids = engine.encode(prefix)
+    with torch.no_grad():
+        logits = engine._m.model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1]
+    return logits.float().log_softmax(-1)
+
+
+def test_logprobs_are_the_models_and_within_the_allowed_answers_when_constrained(any_engine, prefix):
+    free, choice = run(
+        any_engine.sample(
+            prefix, [BranchParams(temperature=0, max_new_tokens=6), BranchParams(temperature=0, allowed=("A", "B"))]
+        )
+    )
+    reference = _model_logprobs(any_engine, prefix, free.token_ids)
+    expected = reference.gather(1, torch.tensor(free.token_ids)[:, None]).squeeze(1)
+    assert free.logprobs == pytest.approx(expected.tolist(), abs=1e-3)
+    # Constrained: normalised over the allowed first tokens, so the greedy choice of two has p >= 0.5.
+    (row,) = _model_logprobs(any_engine, prefix, choice.token_ids)
+    allowed = sorted({t for a in ("A", "B", " A", " B") for t in any_engine.encode(a)[:1]})
+    assert choice.logprobs[0] == pytest.approx(float(row[choice.token_ids[0]] - row[allowed].logsumexp(0)), abs=1e-3)
+    assert choice.logprobs[0] >= torch.log(torch.tensor(1 / len(allowed))).item()
+
+
 def test_token_accounting_is_exact(any_engine, prefix):
     n_prefix = any_engine.count_tokens(prefix)
     branches = run(

@@ -55,13 +55,13 @@ def _allowed(node: TrieNode, eos_id: int) -> list[int]:
 def _draw(
     logits: torch.Tensor,
     runs: Sequence[RowRun],
-    eos_id: int,
+    allowed_of: dict[int, list[int]],
     temperatures: torch.Tensor,
     top_ps: torch.Tensor,
     uniforms: torch.Tensor,
 ) -> torch.Tensor:
     """Sample one token per row of logits (rows, V), each constrained row inside its answers."""
-    constrained = [(r.row, _allowed(r.node, eos_id)) for r in runs if r.node is not None]
+    constrained = list(allowed_of.items())
     if not constrained:
         return sample(logits, temperatures, top_ps, uniforms)
     if len(constrained) == len(runs):
@@ -82,6 +82,15 @@ def _draw(
         masked[row] = float("-inf")
         masked[row, allowed] = keep_row
     return sample(masked, temperatures, top_ps, uniforms)
+
+
+def _logprobs(logits: torch.Tensor, picked: torch.Tensor, allowed_of: dict[int, list[int]]) -> list[float]:
+    """Log-probability (T=1) of each drawn token in the distribution its row draws from: the whole
+    vocabulary, or only the allowed tokens of a constrained row (so P(Yes) + P(No) = 1)."""
+    norm = torch.logsumexp(logits, dim=-1)  # (rows,)
+    for row, allowed in allowed_of.items():
+        norm[row] = torch.logsumexp(logits[row, allowed], dim=-1)
+    return (logits.gather(1, picked[:, None]).squeeze(1) - norm).tolist()
 
 
 def _finish_reason(run: RowRun, tokenizer: PreTrainedTokenizerBase) -> FinishReason | None:
@@ -140,9 +149,9 @@ def decode_steps(
         for r in active:
             draws[r.row] = r.rng.random()
         uniforms = torch.tensor(draws, device=device)
-        picked = _draw(logits, active, eos_id, temperatures, top_ps, uniforms)
-        # The model's own log-probability (T=1, unconstrained) of each drawn token.
-        chosen = (logits.gather(1, picked[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)).tolist()
+        allowed_of = {r.row: _allowed(r.node, eos_id) for r in active if r.node is not None}
+        picked = _draw(logits, active, allowed_of, temperatures, top_ps, uniforms)
+        chosen = _logprobs(logits, picked, allowed_of)
         tokens = picked.tolist()
         feed: list[list[int]] = [[] for _ in range(fork.rows)]
         still: list[RowRun] = []
