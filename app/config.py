@@ -43,6 +43,12 @@ class Settings(BaseSettings):
         "tokenizer and config are read: it must be the model the backend serves.",
     )
     model_name: str = Field("", description="Model id reported by the API; default: folder name.")
+    adapter: str = Field(
+        "",
+        description="LoRA adapter merged into the embedded model (once; the merge is cached). Empty = the "
+        "judge adapter shipped with egrm when serving the default model, none with EGRM_MODEL; "
+        "`none` = no adapter; else an adapter folder (adapter_config.json + adapter_model.safetensors).",
+    )
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
     dtype: Literal["bfloat16", "float32", "auto"] = Field(
         "bfloat16",
@@ -80,9 +86,14 @@ class Settings(BaseSettings):
     )
     m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
     tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
+    consensus: Literal["sampled", "exact"] = Field(
+        "sampled",
+        description="Default consensus estimator: the M samples' vote (the method), or the model's own "
+        "probability of its most likely short answer, read from one greedy branch (no sampling noise).",
+    )
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")
     template: Literal["verdict", "score", "pairwise"] = Field("verdict", description="Default judge template.")
-    long_max_tokens: int = Field(96, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
+    long_max_tokens: int = Field(128, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
     max_items: int = Field(256, ge=1, description="Most items in one request.")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
     max_prompt_tokens: int = Field(
@@ -138,6 +149,8 @@ class Settings(BaseSettings):
     def _check_model_path(self) -> Settings:
         if self.model and not Path(self.model).expanduser().exists():
             raise ValueError(f"EGRM_MODEL={self.model!r} does not exist")
+        if self.adapter not in ("", "none") and not Path(self.adapter).expanduser().is_dir():
+            raise ValueError(f"EGRM_ADAPTER={self.adapter!r} is not a folder (or `none`)")
         return self
 
     @model_validator(mode="after")

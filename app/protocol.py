@@ -43,6 +43,11 @@ class RewardOptions(BaseModel):
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     tau: float | None = Field(None, ge=0.0, le=1.0, description="Consensus threshold.")
+    consensus: Literal["sampled", "exact"] | None = Field(
+        None,
+        description="Consensus estimator: the samples' vote, or the model's probability of its most "
+        "likely short answer (one more, greedy, branch); default EGRM_CONSENSUS.",
+    )
     path: Literal["auto", "short", "long"] = "auto"
     template: TemplateLiteral | None = None
     return_samples: bool = False
@@ -71,6 +76,7 @@ class SampleOut(BaseModel):
     text: str
     answer: str | None
     temperature: float
+    vote: str | None = Field(None, description="What the sample counted as: the judge's own answer and its verdict.")
 
 
 class CandidateOut(BaseModel):
@@ -99,8 +105,11 @@ class RewardResult(BaseModel):
     reward: float | None = Field(description="In [0, 1]; null when the item has an error.")
     answer: str | None
     route: Literal["short", "long"] | None
-    consensus: float
-    votes: dict[str, int]
+    consensus: float = Field(description="The estimate routing used (options.consensus).")
+    votes: dict[str, int] = Field(description="The samples' short answers and how many gave each.")
+    exact_consensus: float | None = Field(
+        None, description="With consensus=exact: the model's probability of its most likely short answer."
+    )
     samples: list[SampleOut] | None = None
     candidates: list[CandidateOut] | None = None
     degraded: bool = False

@@ -90,6 +90,7 @@ class EgrmJudgement(BaseModel):
     route: Literal["short", "long"]
     consensus: float
     votes: dict[str, int]
+    exact_consensus: float | None = None
     template: str
     samples: list[SampleOut] | None = None
     candidates: list[CandidateOut] | None = None

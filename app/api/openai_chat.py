@@ -121,6 +121,7 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
         route=r.route.value,
         consensus=r.consensus,
         votes=r.votes,
+        exact_consensus=r.exact.probability if r.exact else None,
         template=template,
         samples=samples_out(r),
         candidates=candidates_out(r),

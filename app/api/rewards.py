@@ -49,6 +49,7 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         route=r.route.value if r.route else None,
         consensus=r.consensus,
         votes=r.votes,
+        exact_consensus=r.exact.probability if r.exact else None,
         samples=samples_out(r),
         candidates=candidates_out(r),
         degraded=r.degraded,

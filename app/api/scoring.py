@@ -17,7 +17,7 @@ from app.api.lifecycle import guarded
 from app.config import Settings, temperature_ladder
 from app.metrics import Metrics
 from app.pipeline.service import PromptTooLongError, RewardPipeline
-from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
+from app.pipeline.types import ConsensusMode, ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
 from app.protocol import CandidateOut, ErrorResponse, RewardOptions, SampleOut, TimingsOut
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -39,6 +39,7 @@ def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
         return_samples=options.return_samples,
         seed=options.seed,
         long_max_tokens=settings.long_max_tokens,
+        consensus=ConsensusMode(options.consensus or settings.consensus),
     )
 
 
@@ -106,7 +107,7 @@ def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int],
 def samples_out(r: ItemResult) -> list[SampleOut] | None:
     if r.samples is None:
         return None
-    return [SampleOut(text=s.text, answer=s.answer, temperature=s.temperature) for s in r.samples]
+    return [SampleOut(text=s.text, answer=s.answer, temperature=s.temperature, vote=s.vote) for s in r.samples]
 
 
 def candidates_out(r: ItemResult) -> list[CandidateOut] | None:

@@ -118,12 +118,14 @@ def generate_arith(
     return [LabelledItem(**{**asdict(item), "id": f"{prefix}{i}"}) for i, item in enumerate(items)]
 
 
+def question_of(item: LabelledItem) -> Question:
+    """The question of a builtin:arith item, read back from its prompt ("What is 52 * 53?")."""
+    a, op, b = item.prompt.removeprefix("What is ").removesuffix("?").split(" ")
+    return Question(int(a), op, int(b))
+
+
 def _questions(items: list[LabelledItem]) -> frozenset[Question]:
-    out = set()
-    for item in items:
-        a, op, b = item.prompt.removeprefix("What is ").removesuffix("?").split(" ")
-        out.add(Question(int(a), op, int(b)))
-    return frozenset(out)
+    return frozenset(question_of(item) for item in items)
 
 
 def builtin_arith(split: str) -> list[LabelledItem]:

@@ -15,12 +15,13 @@ from app.config import temperature_ladder
 from app.evals.data import LabelledItem
 from app.pipeline.consensus import tally
 from app.pipeline.service import RewardPipeline
-from app.pipeline.types import ItemResult, JudgeOptions, PathMode, Route
+from app.pipeline.types import ConsensusMode, ItemResult, JudgeOptions, PathMode, Route
 
 MODES = ("routed", "short", "long")
 _PATH = {"routed": PathMode.AUTO, "short": PathMode.SHORT, "long": PathMode.LONG}
 # ladder: the method's 0.6..1.0; fixed: one temperature for every branch; nucleus: hot, narrow top-p.
 STRATEGIES = ("ladder", "fixed", "nucleus")
+ESTIMATORS = tuple(c.value for c in ConsensusMode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +30,10 @@ class EvalConfig:
     tau: float = 0.8
     strategy: str = "ladder"
     top_p: float = 0.95
-    long_max_tokens: int = 96
+    long_max_tokens: int = 128
     seed: int = 1234
     modes: tuple[str, ...] = MODES
+    consensus: str = "sampled"  # the estimator routing uses; both are measured on every item
 
     def sampling(self) -> tuple[list[float], float]:
         """Per-branch temperatures and the shared top-p of a strategy."""
@@ -54,6 +56,8 @@ class EvalConfig:
             return_samples=True,
             seed=seed,
             long_max_tokens=self.long_max_tokens,
+            consensus=ConsensusMode(self.consensus),
+            with_exact=True,
         )
 
 
@@ -80,12 +84,28 @@ class ModeRun:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One consensus estimator's reading of an item's short answers (the same in every mode)."""
+
+    consensus: float
+    answer: str | None  # what the short path answers when routed by this estimator
+
+
 @dataclass(slots=True)
 class ItemOutcome:
     item: LabelledItem
-    consensus: float  # of the answer-only samples (the same in every mode)
-    majority: str | None  # the answer-only samples' majority
+    estimates: dict[str, Estimate]  # per estimator: sampled (the vote) and exact
     runs: dict[str, ModeRun]
+    routed_by: str = "sampled"
+
+    @property
+    def consensus(self) -> float:
+        return self.estimates[self.routed_by].consensus
+
+    @property
+    def majority(self) -> str | None:
+        return self.estimates[self.routed_by].answer
 
     def correct(self, mode: str) -> bool:
         return self.runs[mode].answer == self.item.gold
@@ -105,10 +125,19 @@ async def evaluate(
         results: dict[str, ItemResult] = {}
         for mode in order:
             results[mode] = await pipeline.score_item(item.judge_item(), config.options(mode, item.template, seed))
-        first = results[config.modes[0]]
-        majority = tally([s.answer for s in first.samples or []]).majority
-        outcomes.append(
-            ItemOutcome(item, first.consensus, majority, {mode: ModeRun.of(r) for mode, r in results.items()})
-        )
+        runs = {mode: ModeRun.of(r) for mode, r in results.items()}
+        # The forced short run reads both estimators' short answers; other runs may lack one.
+        read = results["short"] if "short" in results else results[config.modes[0]]
+        outcomes.append(ItemOutcome(item, estimates(read), runs, config.consensus))
         progress()
     return outcomes
+
+
+def estimates(result: ItemResult) -> dict[str, Estimate]:
+    """Both estimators' consensus and short-path answer, from an item run with with_exact."""
+    if result.exact is None or result.samples is None:
+        raise ValueError("evaluation needs the samples and the exact estimate of every item")
+    return {
+        "sampled": Estimate(tally([s.vote for s in result.samples]).consensus, result.majority_answer),
+        "exact": Estimate(result.exact.probability, result.exact.answer),
+    }

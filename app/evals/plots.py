@@ -28,15 +28,18 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
     title = f"egrm eval: n={report['n']}, M={report['m']}, tau={report['tau']}, {report['strategy']}"
     fig.suptitle(title)
 
-    rows = report["calibration"]
-    xs = [r["consensus"] for r in rows]
-    cal.bar(xs, [r["accuracy"] or 0 for r in rows], width=0.12, color="tab:blue")
-    for r in rows:
-        cal.annotate(f"n={r['n']}", (r["consensus"], (r["accuracy"] or 0) + 0.02), ha="center", fontsize=8)
+    estimators = report.get("consensus_estimators") or {"sampled": {"calibration": report["calibration"]}}
+    for k, (name, figures) in enumerate(estimators.items()):
+        rows = figures["calibration"]
+        xs = [r["consensus"] + (0.05 if name == "exact" else 0) for r in rows]  # a 0.1 bin: its middle
+        bars = cal.bar([x + 0.025 * (2 * k - 1) for x in xs], [r["accuracy"] or 0 for r in rows], width=0.05)
+        bars.set_label(f"{name} (n per bar above it)")
+        for x, r in zip(xs, rows, strict=True):
+            cal.annotate(str(r["n"]), (x + 0.025 * (2 * k - 1), (r["accuracy"] or 0) + 0.02), ha="center", fontsize=7)
     cal.axvline(report["tau"], color="grey", linestyle="--", label="tau")
-    cal.set(xlabel="consensus of the M answer-only samples", ylabel="accuracy of their majority", ylim=(0, 1.1))
+    cal.set(xlabel="consensus (sampled vote; exact: 0.1 bins)", ylabel="accuracy of the short answer", ylim=(0, 1.1))
     cal.set_title("Calibration")
-    cal.legend()
+    cal.legend(fontsize=8)
 
     runs: dict[str, list[float]] = {"routed: short": [], "routed: long": [], "always long": []}
     for o in outcomes:
@@ -50,16 +53,26 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
     lat.set(ylabel="latency per item (s)", yscale="log")
     lat.set_title("Latency by route")
 
-    curve = report.get("tau_curve", [])
-    if curve:
+    styles = {"sampled": "-", "exact": "--"}
+    for name, figures in estimators.items():
+        curve = figures.get("tau_curve", [])
+        if not curve:
+            continue
         taus = [r["tau"] for r in curve]
-        tau.plot(taus, [r["accuracy_routed"] for r in curve], marker="o", label="routed accuracy")
-        tau.plot(taus, [r["short_path_rate"] for r in curve], marker="s", label="short-path rate")
-        tau.plot(taus, [r["latency_ratio_routed_vs_long"] for r in curve], marker="^", label="latency vs always-long")
-        if report.get("accuracy_always_long") is not None:
-            tau.axhline(report["accuracy_always_long"], color="grey", linestyle=":", label="always-long accuracy")
-        tau.set(xlabel="tau", ylim=(0, 1.05))
-        tau.legend(fontsize=8)
+        line = styles.get(name, ":")
+        tau.plot(taus, [r["accuracy_routed"] for r in curve], line, marker="o", label=f"routed accuracy ({name})")
+        tau.plot(taus, [r["short_path_rate"] for r in curve], line, marker="s", label=f"short-path rate ({name})")
+        tau.plot(
+            taus,
+            [r["latency_ratio_routed_vs_long"] for r in curve],
+            line,
+            marker="^",
+            label=f"latency vs always-long ({name})",
+        )
+    if report.get("accuracy_always_long") is not None:
+        tau.axhline(report["accuracy_always_long"], color="grey", linestyle=":", label="always-long accuracy")
+    tau.set(xlabel="tau", ylim=(0, 1.05))
+    tau.legend(fontsize=7)
     tau.set_title("Routing against tau")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

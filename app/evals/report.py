@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from app.evals.harness import MODES, EvalConfig, ItemOutcome, ModeRun
+from app.evals.harness import ESTIMATORS, MODES, Estimate, EvalConfig, ItemOutcome, ModeRun
 from app.pipeline.types import Route
 
 NAMES = {"routed": "routed", "short": "always_short", "long": "always_long"}
@@ -83,9 +83,10 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
     if groups:
         by = {g: [o for o in outcomes if o.item.difficulty == g] for g in groups}
         report["by_difficulty"] = {g: routing(group, config.tau) for g, group in by.items()}
-    report["calibration"] = calibration(outcomes)
+    report["calibration"] = calibration(outcomes, config.consensus)
     if "short" in modes and "long" in modes:
-        report["tau_curve"] = tau_curve(outcomes)
+        report["tau_curve"] = tau_curve(outcomes, config.consensus)
+    report["consensus_estimators"] = {name: estimator(outcomes, config.tau, name, modes) for name in ESTIMATORS}
     if "long" in modes:
         report["diversity"] = diversity(outcomes)
     return report
@@ -95,35 +96,67 @@ def _matches_forced(routed: ModeRun, outcome: ItemOutcome) -> bool:
     return routed.route is not None and routed.answer == outcome.runs[routed.route.value].answer
 
 
-def calibration(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
-    """For each consensus level: how many items, and how often their majority answer is right."""
-    levels = sorted({round(o.consensus, 4) for o in outcomes})
+def _level(estimate: Estimate, name: str) -> float:
+    """Calibration bins: the sampled consensus has M + 1 levels; the exact one is binned by 0.1."""
+    if name == "exact":
+        return round(min(0.9, int(estimate.consensus * 10) / 10), 1)
+    return round(estimate.consensus, 4)
+
+
+def calibration(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[dict[str, Any]]:
+    """For each consensus level: how many items, and how often their short-path answer is right."""
+    levels = sorted({_level(o.estimates[name], name) for o in outcomes})
     rows = []
     for level in levels:
-        group = [o for o in outcomes if round(o.consensus, 4) == level]
-        right = [o.majority == o.item.gold for o in group]
+        group = [o for o in outcomes if _level(o.estimates[name], name) == level]
+        right = [o.estimates[name].answer == o.item.gold for o in group]
         rows.append({"consensus": level, "n": len(group), "accuracy": _rate(right)})
     return rows
 
 
-def tau_curve(outcomes: Sequence[ItemOutcome]) -> list[dict[str, Any]]:
+def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[dict[str, Any]]:
     """Routing at other thresholds, without running again: the route is a function of consensus,
     and seeded samples make each route's answer the one its forced mode gave."""
     rows = []
+    long_latency = statistics.fmean(o.runs["long"].latency_ms for o in outcomes)
     for tau in TAU_GRID:
-        routed = [o.correct("short") if o.consensus >= tau else o.correct("long") for o in outcomes]
-        latency = [o.runs["short" if o.consensus >= tau else "long"].latency_ms for o in outcomes]
+        short = [o.estimates[name].consensus >= tau for o in outcomes]
+        routed = [
+            o.estimates[name].answer == o.item.gold if s else o.correct("long")
+            for o, s in zip(outcomes, short, strict=True)
+        ]
+        latency = [o.runs["short" if s else "long"].latency_ms for o, s in zip(outcomes, short, strict=True)]
         rows.append(
             {
                 "tau": tau,
-                "short_path_rate": _rate([o.consensus >= tau for o in outcomes]),
+                "short_path_rate": _rate(short),
                 "accuracy_routed": _rate(routed),
-                "latency_ratio_routed_vs_long": round(
-                    statistics.fmean(latency) / statistics.fmean(o.runs["long"].latency_ms for o in outcomes), 4
-                ),
+                "latency_ratio_routed_vs_long": round(statistics.fmean(latency) / long_latency, 4),
             }
         )
     return rows
+
+
+def estimator(outcomes: Sequence[ItemOutcome], tau: float, name: str, modes: Sequence[str]) -> dict[str, Any]:
+    """One consensus estimator side by side with the other, on the same samples: where it would
+    route at tau, how right its short path would be, its calibration and its tau curve."""
+    short = [o for o in outcomes if o.estimates[name].consensus >= tau]
+    out: dict[str, Any] = {
+        "short_path_rate": _rate([o.estimates[name].consensus >= tau for o in outcomes]),
+        "short_path_accuracy": _rate([o.estimates[name].answer == o.item.gold for o in short]),
+        "accuracy_short_answer": _rate([o.estimates[name].answer == o.item.gold for o in outcomes]),
+        "mean_consensus": round(statistics.fmean(o.estimates[name].consensus for o in outcomes), 4),
+        "calibration": calibration(outcomes, name),
+    }
+    if "short" in modes and "long" in modes:
+        out["tau_curve"] = tau_curve(outcomes, name)
+        out["accuracy_routed"] = _rate(
+            [
+                o.estimates[name].answer == o.item.gold if o.estimates[name].consensus >= tau else o.correct("long")
+                for o in outcomes
+            ]
+        )
+    return out
 
 
 def self_bleu(texts: Sequence[str]) -> float | None:

@@ -68,10 +68,10 @@ def take(items: Sequence[LabelledItem], limit: int | None) -> list[LabelledItem]
 
 
 def build_pipeline(settings: Settings) -> RewardPipeline:
-    from app.main import build_engine
-    from app.scorer.heuristic import HeuristicScorer
+    """The served pipeline: the engine and the scorer the settings name (EGRM_SCORER_*)."""
+    from app.main import build_engine, build_scorer
 
-    return RewardPipeline(build_engine(settings), HeuristicScorer())
+    return RewardPipeline(build_engine(settings), build_scorer(settings))
 
 
 def rerouted(outcomes: Sequence[ItemOutcome], tau: float) -> list[ItemOutcome]:
@@ -168,6 +168,7 @@ def main(
             return await run(pipeline, items, config, parsed, plot)
         finally:
             await pipeline.engine.close()
+            await pipeline.scorer.close()
 
     report = asyncio.run(go())
     report = {"data": data, "split": split if data.startswith("builtin:") else None, **report}

@@ -38,8 +38,20 @@ def usage_of(branches: Sequence[Branch]) -> Usage:
     )
 
 
+def final_text(engine: Engine, template: JudgeTemplate, item: JudgeItem) -> str:
+    """What asks a branch for its final answer: the final cue, or (solve first) the follow-up turn
+    that shows the response and asks for the verdict."""
+    return template.followup_text(item, engine.render_chat) if template.solve_first else template.final_cue
+
+
+async def verdicts(engine: Engine, template: JudgeTemplate, final: str, branches: Sequence[Branch]) -> list[Branch]:
+    """Each branch's final answer: greedy, constrained to the template's answers."""
+    params = BranchParams(temperature=0.0, max_new_tokens=template.answer_tokens, allowed=template.answers)
+    return await engine.continue_branches([b.handle for b in branches], final, [params] * len(branches))
+
+
 async def reason(
-    engine: Engine, template: JudgeTemplate, samples: Sequence[Branch], options: JudgeOptions
+    engine: Engine, template: JudgeTemplate, samples: Sequence[Branch], options: JudgeOptions, final: str
 ) -> tuple[list[Branch], list[Branch]]:
     """Continue every sample with reasoning, then ask each for its final answer."""
     seeds = [None if options.seed is None else options.seed + 1000 + i for i in range(len(samples))]
@@ -57,11 +69,7 @@ async def reason(
             for t, seed in zip(options.temperatures, seeds, strict=True)
         ],
     )
-    final_params = BranchParams(temperature=0.0, max_new_tokens=template.answer_tokens, allowed=template.answers)
-    finals = await engine.continue_branches(
-        [r.handle for r in reasoning], template.final_cue, [final_params] * len(reasoning)
-    )
-    return reasoning, finals
+    return reasoning, await verdicts(engine, template, final, reasoning)
 
 
 async def run_long_path(
@@ -73,7 +81,7 @@ async def run_long_path(
     options: JudgeOptions,
 ) -> LongPathResult:
     start = time.perf_counter()
-    reasoning, finals = await reason(engine, template, samples, options)
+    reasoning, finals = await reason(engine, template, samples, options, final_text(engine, template, item))
     reasoning_ms = (time.perf_counter() - start) * 1000
     answers = [template.extract(f.text) for f in finals]
     candidates = [

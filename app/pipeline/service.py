@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from app.aio import gather_or_cancel
-from app.engines.base import BranchParams, Engine
+from app.engines.base import Branch, BranchParams, Engine
 from app.pipeline.consensus import choose_route, tally
-from app.pipeline.longpath import run_long_path, usage_of
-from app.pipeline.templates import get_template
-from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, Route, Sample, Timings
+from app.pipeline.longpath import final_text, run_long_path, usage_of, verdicts
+from app.pipeline.templates import JudgeTemplate, get_template
+from app.pipeline.types import (
+    ConsensusMode,
+    ExactConsensus,
+    ItemResult,
+    JudgeItem,
+    JudgeOptions,
+    Route,
+    Sample,
+    Timings,
+    Usage,
+)
 from app.scorer.base import Scorer
 
 # Tokenizing megabytes would stall every other request on the event loop: big batches go to a thread.
@@ -73,25 +85,43 @@ class RewardPipeline:
         template = get_template(options.template)
         if prompt_ids is None:
             (prompt_ids,) = await self.encode_prompts([item], options.template)
-        params = self._answer_params(options, template.answers, template.answer_tokens)
-        sampling = time.perf_counter()
-        samples = await self.engine.sample(prompt_ids, params)
-        sampled = time.perf_counter()
-        answers = [template.extract(s.text) for s in samples]
-        votes = tally(answers)
-        route = choose_route(votes.consensus, options.tau, options.path)
+        branches = await self.engine.sample(prompt_ids, short_answer_params(options, template))
+        samples = branches[: options.m]  # then the greedy branch of the exact estimate, if asked
+        votes = [template.vote(s.text) for s in samples]
+        counted = tally(votes)
+        leader = next((s for s, v in zip(samples, votes, strict=True) if v is not None and v == counted.majority), None)
+        greedy = branches[options.m] if options.needs_exact else None
+        exact = ExactConsensus(template.vote(greedy.text), exact_probability(greedy)) if greedy else None
+        by_exact = exact is not None and options.consensus is ConsensusMode.EXACT
+        consensus = exact.probability if exact is not None and by_exact else counted.consensus
+        route = choose_route(consensus, options.tau, options.path)
+        # The short path's answer: the vote itself, or (solve first) the verdict that follows it.
+        # Evaluation (with_exact) reads both estimators' answers wherever it can: the greedy branch
+        # always, the leader only on the short route (the long path continues it with reasoning).
+        short = route is Route.SHORT
+        asked = [leader] if short and (options.with_exact or not by_exact) else []
+        if greedy is not None and (options.with_exact or (short and by_exact)):
+            asked.append(greedy)
+        answers, usage = await self._short_answers(template, item, asked)
+        if exact is not None:
+            exact = replace(exact, answer=answers.get(id(greedy)))
+        short_answer = exact.answer if exact is not None and by_exact else answers.get(id(leader))
         result = ItemResult(
             reward=None,
-            answer=votes.majority,
+            answer=short_answer if route is Route.SHORT else None,
             route=route,
-            consensus=votes.consensus,
-            votes=votes.votes,
-            usage=usage_of(samples),
-            timings=Timings(sample_ms=(sampled - sampling) * 1000),
+            consensus=consensus,
+            votes=counted.votes,
+            exact=exact,
+            majority_answer=answers.get(id(leader)),
+            usage=usage_of(branches),
+            timings=Timings(sample_ms=(time.perf_counter() - start) * 1000),
         )
+        result.usage.add(usage)
         if options.return_samples:
             result.samples = [
-                Sample(s.text, a, t) for s, a, t in zip(samples, answers, options.temperatures, strict=True)
+                Sample(s.text, v if not template.solve_first else None, t, v)
+                for s, v, t in zip(samples, votes, options.temperatures, strict=True)
             ]
         if route is Route.LONG:
             long = await run_long_path(self.engine, self.scorer, template, item, samples, options)
@@ -105,16 +135,39 @@ class RewardPipeline:
         result.timings.total_ms = (time.perf_counter() - start) * 1000
         return result
 
-    @staticmethod
-    def _answer_params(options: JudgeOptions, answers: tuple[str, ...], tokens: int) -> list[BranchParams]:
-        """Answer-only branches: one per ladder temperature, constrained to the allowed answers."""
-        return [
-            BranchParams(
-                temperature=t,
-                top_p=options.top_p,
-                max_new_tokens=tokens,
-                allowed=answers,
-                seed=None if options.seed is None else options.seed + i,
-            )
-            for i, t in enumerate(options.temperatures)
-        ]
+    async def _short_answers(
+        self, template: JudgeTemplate, item: JudgeItem, branches: Sequence[Branch | None]
+    ) -> tuple[dict[int, str | None], Usage]:
+        """The answer each branch's short answer stands for, by id(branch): the answer it chose,
+        or (solve first) the greedy verdict after a follow-up turn that shows the response."""
+        chosen = list({id(b): b for b in branches if b is not None}.values())
+        if not template.solve_first or not chosen:
+            return {id(b): template.extract(b.text) for b in chosen}, Usage()
+        finals = await verdicts(self.engine, template, final_text(self.engine, template, item), chosen)
+        return {id(b): template.extract(f.text) for b, f in zip(chosen, finals, strict=True)}, usage_of(finals)
+
+
+def short_answer_params(options: JudgeOptions, template: JudgeTemplate) -> list[BranchParams]:
+    """One answer-only branch per ladder temperature, and a greedy one when the exact estimate is
+    asked for. A choice is constrained to the allowed answers; a judge's own answer ends at EOS."""
+    params = [
+        BranchParams(
+            temperature=t,
+            top_p=options.top_p,
+            max_new_tokens=template.answer_tokens,
+            allowed=None if template.solve_first else template.answers,
+            seed=None if options.seed is None else options.seed + i,
+        )
+        for i, t in enumerate(options.temperatures)
+    ]
+    if options.needs_exact:
+        params.append(replace(params[0], temperature=0.0, seed=None))
+    return params
+
+
+def exact_probability(greedy: Branch) -> float:
+    """The model's probability (T=1; within the allowed answers when constrained) of its greedy
+    short answer: the share of samples expected to agree with it at T=1."""
+    if greedy.token_ids and not greedy.logprobs:
+        raise ValueError("the engine returned no log-probabilities: the exact consensus needs them")
+    return math.exp(sum(greedy.logprobs))

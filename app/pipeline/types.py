@@ -17,6 +17,11 @@ class PathMode(str, Enum):
     LONG = "long"
 
 
+class ConsensusMode(str, Enum):
+    SAMPLED = "sampled"  # the M samples' vote: count(majority) / M (the method)
+    EXACT = "exact"  # the model's own probability of its most likely short answer
+
+
 @dataclass(slots=True)
 class JudgeItem:
     prompt: str
@@ -37,7 +42,13 @@ class JudgeOptions:
     template: str
     return_samples: bool = False
     seed: int | None = None
-    long_max_tokens: int = 96
+    long_max_tokens: int = 128
+    consensus: ConsensusMode = ConsensusMode.SAMPLED
+    with_exact: bool = False  # estimate the exact consensus even when routing on the sampled one
+
+    @property
+    def needs_exact(self) -> bool:
+        return self.with_exact or self.consensus is ConsensusMode.EXACT
 
     @property
     def m(self) -> int:
@@ -49,8 +60,20 @@ class Sample:
     """One answer-only branch as the client sees it."""
 
     text: str
-    answer: str | None
+    answer: str | None  # the answer it chose; None for a judge's own answer (solve first)
     temperature: float
+    vote: str | None = None  # what it counted as in the consensus
+
+
+@dataclass(frozen=True, slots=True)
+class ExactConsensus:
+    """Consensus without sampling noise: the probability (T=1) the model gives its most likely
+    short answer, read from one greedy branch. With M samples and tau=0.8 a judge that is exactly
+    50/50 still shows >= 4/5 agreement 37.5% of the time; this estimate shows 0.5."""
+
+    vote: str | None  # the greedy short answer (the mode, where greedy finds it)
+    probability: float
+    answer: str | None = None  # the short path's answer from it, when it was asked for
 
 
 @dataclass(slots=True)
@@ -87,8 +110,10 @@ class ItemResult:
     reward: float | None
     answer: str | None
     route: Route | None
-    consensus: float
+    consensus: float  # the estimate routing used (sampled or exact)
     votes: dict[str, int]
+    exact: ExactConsensus | None = None
+    majority_answer: str | None = None  # the short path's answer from the vote, when it was asked for
     samples: list[Sample] | None = None
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False

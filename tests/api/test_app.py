@@ -43,6 +43,7 @@ def assert_error(response, status: int, param: str):
         ({"items": [ITEM], "options": {"tau": 1.5}}, "options.tau"),
         ({"items": [ITEM], "options": {"top_p": 0}}, "options.top_p"),
         ({"items": [ITEM], "options": {"path": "medium"}}, "options.path"),
+        ({"items": [ITEM], "options": {"consensus": "vibes"}}, "options.consensus"),
         ({"items": [ITEM], "options": {"template": "essay"}}, "options.template"),
         ({"items": [{**ITEM, "colour": "red"}]}, "items[0].colour"),
         ({"items": [ITEM], "options": {"template": "pairwise"}}, "items[0].response_b"),
@@ -74,10 +75,23 @@ def test_short_path_result(client):
     assert result["reward"] == (1.0 if result["answer"] == "Yes" else 0.0)
     assert result["consensus"] == max(result["votes"].values()) / 5
     assert [s["temperature"] for s in result["samples"]] == [0.6, 0.7, 0.8, 0.9, 1.0]
-    assert result["candidates"] is None
+    # Each sample votes for the judge's own answer and its verdict ("4. Yes"); votes count them.
+    assert sorted(s["vote"] for s in result["samples"]) == sorted(
+        v for v, n in result["votes"].items() for _ in range(n)
+    )
+    assert all(s["vote"].endswith(s["answer"]) for s in result["samples"])
+    assert result["candidates"] is None and result["exact_consensus"] is None
     usage = data["usage"]
     assert usage["cached_prompt_tokens"] == 4 * usage["prompt_tokens"] // 5  # one prefill for five rows
-    assert usage["completion_tokens"] == 5 and usage["total_tokens"] == usage["prompt_tokens"] + 5
+    assert 6 <= usage["completion_tokens"] <= 5 * 16 + 1
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_exact_consensus_option(client):
+    body = {"items": [ITEM], "options": {"path": "short", "seed": 1, "consensus": "exact"}}
+    (result,) = post(client, body).json()["results"]
+    assert 0 < result["exact_consensus"] <= 1 and result["consensus"] == result["exact_consensus"]
+    assert sum(result["votes"].values()) == 5 and result["answer"] in ("Yes", "No")
 
 
 def test_long_path_result(client):

@@ -66,7 +66,8 @@ def test_chat_completion_carries_the_judgement(client, url):
     assert egrm["route"] == "short" and sum(egrm["votes"].values()) == 5 and egrm["template"] == "verdict"
     assert egrm["consensus"] == max(egrm["votes"].values()) / 5
     usage = completion.usage
-    assert usage.completion_tokens == 5 and usage.total_tokens == usage.prompt_tokens + 5
+    assert 6 <= usage.completion_tokens <= 5 * 16 + 1  # five own answers, then one verdict
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     # One prefill for five rows: at least four fifths cached, more when the prefix cache already
     # holds the template's head (the session's engine has served other requests).
     assert 4 * usage.prompt_tokens // 5 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens

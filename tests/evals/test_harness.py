@@ -34,11 +34,25 @@ def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) ->
         # Same seed, same samples: the routed answer is the forced mode's (tau sweeps rely on it).
         assert o.runs["routed"].answer == o.runs[expected.value].answer
         assert o.majority == o.runs["short"].answer
+        # Both estimators on every item: the exact one from one greedy branch, its answer read too.
+        assert 0 < o.estimates["exact"].consensus <= 1 and o.estimates["exact"].answer in ("Yes", "No")
         assert len(o.runs["long"].candidates) == config.m
         assert o.runs["long"].completion_tokens > o.runs["short"].completion_tokens
     report = summarise(outcomes, config)
     assert report["routed_matches_forced"] == 1.0
     assert report["n"] == 3 and set(report["by_difficulty"]) == {"easy", "medium", "hard"}
+    assert set(report["consensus_estimators"]) == {"sampled", "exact"}
+
+
+def test_routing_by_the_exact_estimate(engine: EmbeddedEngine) -> None:
+    items = take(builtin_arith("test"), 2)
+    config = EvalConfig(long_max_tokens=8, consensus="exact", tau=0.5)
+    outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
+    for o in outcomes:
+        expected = Route.SHORT if o.estimates["exact"].consensus >= 0.5 else Route.LONG
+        assert o.runs["routed"].route is expected and o.consensus == o.estimates["exact"].consensus
+        assert o.runs["short"].answer == o.estimates["exact"].answer
+    assert summarise(outcomes, config)["routed_matches_forced"] == 1.0
 
 
 def _eval(*args: str) -> subprocess.CompletedProcess[str]:
@@ -56,6 +70,7 @@ def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
                 "by_difficulty", "calibration", "tau_curve"):  # fmt: skip
         assert key in report, key
     assert report["n"] == 2 and report["data"] == "builtin:arith"
+    assert report["consensus_estimators"]["exact"]["tau_curve"][0]["tau"] == 0.6
     assert set(report["latency_ms"]["routed"]) == {"mean", "p50", "p99"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "accuracy_routed" in done.stderr  # the table

@@ -5,25 +5,28 @@ from __future__ import annotations
 import pytest
 
 from app.evals.data import LabelledItem
-from app.evals.harness import EvalConfig, ItemOutcome, ModeRun
+from app.evals.harness import Estimate, EvalConfig, ItemOutcome, ModeRun
 from app.evals.report import self_bleu, summarise
 from app.evals.runner import Sweep, rerouted, take
 from app.pipeline.types import Route
 
 
-def _outcome(gold: str, consensus: float, majority: str, long_answer: str, tau: float = 0.8) -> ItemOutcome:
+def _outcome(
+    gold: str, consensus: float, majority: str, long_answer: str, exact: Estimate, tau: float = 0.8
+) -> ItemOutcome:
     item = LabelledItem(id="x", prompt="p", response="r", gold=gold, difficulty="easy" if gold == "Yes" else "hard")
     short = ModeRun(majority, Route.SHORT, 100.0, 50, 5)
     long = ModeRun(long_answer, Route.LONG, 1000.0, 200, 300, candidates=["a b c d", "a b c e"])
     routed = short if consensus >= tau else long
-    return ItemOutcome(item, consensus, majority, {"routed": routed, "short": short, "long": long})
+    estimates = {"sampled": Estimate(consensus, majority), "exact": exact}
+    return ItemOutcome(item, estimates, {"routed": routed, "short": short, "long": long})
 
 
 OUTCOMES = [
-    _outcome("Yes", 1.0, "Yes", "Yes"),  # sure and right
-    _outcome("No", 0.8, "Yes", "No"),  # sure and wrong: the short path's error
-    _outcome("No", 0.6, "Yes", "No"),  # unsure, reasoning fixes it
-    _outcome("Yes", 0.6, "No", "No"),  # unsure, reasoning fails too
+    _outcome("Yes", 1.0, "Yes", "Yes", Estimate(0.97, "Yes")),  # sure and right
+    _outcome("No", 0.8, "Yes", "No", Estimate(0.55, "Yes")),  # sampled sure and wrong; exact unsure
+    _outcome("No", 0.6, "Yes", "No", Estimate(0.41, "No")),  # unsure, reasoning fixes it
+    _outcome("Yes", 0.6, "No", "No", Estimate(0.83, "Yes")),  # sampled unsure; exact sure and right
 ]
 
 
@@ -51,6 +54,24 @@ def test_calibration_and_tau_curve() -> None:
     assert curve[0.8]["accuracy_routed"] == r["accuracy_routed"]
 
 
+def test_both_estimators_side_by_side() -> None:
+    r = summarise(OUTCOMES, EvalConfig())
+    sampled, exact = r["consensus_estimators"]["sampled"], r["consensus_estimators"]["exact"]
+    assert sampled["short_path_rate"] == r["short_path_rate"] and sampled["tau_curve"] == r["tau_curve"]
+    # exact at tau 0.8: items 1 and 4 go short, both right; items 2 and 3 take the long path (right)
+    assert (exact["short_path_rate"], exact["short_path_accuracy"], exact["accuracy_routed"]) == (0.5, 1.0, 1.0)
+    assert exact["accuracy_short_answer"] == 0.75 and exact["mean_consensus"] == pytest.approx(0.69)
+    assert exact["calibration"] == [
+        {"consensus": 0.4, "n": 1, "accuracy": 1.0},
+        {"consensus": 0.5, "n": 1, "accuracy": 0.0},
+        {"consensus": 0.8, "n": 1, "accuracy": 1.0},
+        {"consensus": 0.9, "n": 1, "accuracy": 1.0},
+    ]
+    routed_by_exact = summarise(OUTCOMES, EvalConfig(consensus="exact"))
+    assert routed_by_exact["calibration"] == exact["calibration"]
+    assert routed_by_exact["tau_curve"] == exact["tau_curve"]
+
+
 def test_rerouting_matches_a_routed_run_at_that_tau() -> None:
     at_09 = summarise(rerouted(OUTCOMES, 0.9), EvalConfig(tau=0.9))
     assert at_09["short_path_rate"] == 0.25 and at_09["accuracy_routed"] == 0.75
@@ -58,7 +79,7 @@ def test_rerouting_matches_a_routed_run_at_that_tau() -> None:
 
 
 def test_short_only_runs_still_report_routing() -> None:
-    short_only = [ItemOutcome(o.item, o.consensus, o.majority, {"short": o.runs["short"]}) for o in OUTCOMES]
+    short_only = [ItemOutcome(o.item, o.estimates, {"short": o.runs["short"]}) for o in OUTCOMES]
     r = summarise(short_only, EvalConfig())
     assert r["short_path_rate"] == 0.5 and r["short_path_accuracy"] == 0.5
     assert "accuracy_routed" not in r and "tau_curve" not in r and "diversity" not in r

@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from app.pipeline.service import RewardPipeline
+from app.engines.base import Branch, FinishReason
+from app.pipeline.service import RewardPipeline, exact_probability
 from app.pipeline.templates import get_template
-from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
+from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route
 from app.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
@@ -44,9 +45,49 @@ def test_long_path_never_prefills_the_prefix_again(engine):
     # One prefill, then per branch only its pending token and each cue: re-prefilling would add 5x the prefix.
     assert prefix_tokens <= computed <= prefix_tokens + 5 * (1 + cue) + 5 * (1 + final)
     assert result.route is Route.LONG and len(result.candidates) == 5
-    assert all(c.reasoning.startswith(("Yes", "No")) and t.reasoning_cue in c.reasoning for c in result.candidates)
+    assert all(t.reasoning_cue in c.reasoning and c.answer in ("Yes", "No") for c in result.candidates)
     assert result.answer == max(result.candidates, key=lambda c: c.score).answer
     assert not result.degraded
+
+
+def test_solve_first_votes_on_own_answers_then_reads_the_verdict(engine):
+    pipeline = RewardPipeline(engine, HeuristicScorer())
+    result = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True)))
+    t = get_template("verdict")
+    assert [s.vote for s in result.samples] == [t.vote(s.text) for s in result.samples]
+    assert sum(result.votes.values()) == sum(s.vote is not None for s in result.samples)
+    # The verdict is read after the majority answer, in a follow-up turn: one more branch's tokens.
+    assert result.answer in ("Yes", "No") and result.answer == result.majority_answer
+    assert result.usage.completion_tokens == sum(engine.count_tokens(s.text) for s in result.samples) + 1
+
+
+def test_exact_consensus_routes_on_the_greedy_answers_probability(engine):
+    pipeline = RewardPipeline(engine, HeuristicScorer())
+    sampled = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True)))
+    exact = asyncio.run(
+        pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True, consensus=ConsensusMode.EXACT))
+    )
+    # The same seeded samples and votes, plus one greedy branch whose probability routes the item.
+    assert exact.votes == sampled.votes and sampled.exact is None and exact.exact is not None
+    assert 0 < exact.exact.probability <= 1 and exact.consensus == exact.exact.probability
+    assert exact.answer == exact.exact.answer and exact.answer in ("Yes", "No")
+    # with_exact measures it, and both short answers, while the vote still routes (evaluation)
+    both = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True, with_exact=True)))
+    assert both.consensus == sampled.consensus and both.exact == exact.exact
+    assert both.majority_answer == sampled.answer == both.answer
+    # On the long route the leader is left to the long path; the greedy branch still gives its answer.
+    long = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG, return_samples=True, with_exact=True)))
+    assert long.route is Route.LONG and long.majority_answer is None and long.exact == exact.exact
+    sure = asyncio.run(pipeline.score_item(ITEM, options(tau=0.0, consensus=ConsensusMode.EXACT)))
+    unsure = asyncio.run(pipeline.score_item(ITEM, options(tau=1.0, consensus=ConsensusMode.EXACT)))
+    assert sure.route is Route.SHORT and (unsure.route is Route.LONG) == (exact.exact.probability < 1.0)
+
+
+def test_exact_probability_needs_logprobs():
+    greedy = Branch("85", [1, 2, 3], FinishReason.STOP, 10, 0, logprobs=[-0.1, -0.2, -0.3])
+    assert exact_probability(greedy) == pytest.approx(0.5488, abs=1e-4)
+    with pytest.raises(ValueError, match="log-probabilities"):
+        exact_probability(Branch("85", [1, 2], FinishReason.STOP, 10, 0))
 
 
 def test_scorer_failure_degrades_to_the_candidates_vote(engine):
