@@ -48,8 +48,11 @@ def _scorer(args: argparse.Namespace) -> int:
 
 def _fetch_model(args: argparse.Namespace) -> int:
     from app.engines.embedded.fetch import fetch_model
+    from app.main import judge_model_path
 
-    print(fetch_model(Settings().cache_dir))
+    settings = Settings()
+    fetch_model(settings.cache_dir)
+    print(judge_model_path(settings))  # the judge adapter merged in (once), where it applies
     return 0
 
 
@@ -64,6 +67,7 @@ def _eval(args: argparse.Namespace) -> int:
         long_max_tokens=args.long_max_tokens,
         seed=args.seed,
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+        consensus=args.consensus,
     )
     try:
         return run_eval(args.data, args.split, args.limit, config, args.sweep, args.plot, args.json)
@@ -132,6 +136,31 @@ def _train_scorer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_grm(args: argparse.Namespace) -> int:
+    from app.judge.train import GrmTrainConfig, train_grm
+    from app.main import model_path
+
+    settings = Settings()
+    if not settings.model:
+        from app.engines.embedded.fetch import fetch_model
+
+        fetch_model(settings.cache_dir)
+    config = GrmTrainConfig(
+        rank=args.rank,
+        alpha=2 * args.rank,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        budget_s=args.budget_min * 60,
+        seed=args.seed,
+        limit=args.limit,
+        threads=settings.threads,
+    )
+    meta = train_grm(model_path(settings), args.out, config, progress=not args.quiet)
+    print(json.dumps({"adapter": str(args.out), **{k: v for k, v in meta.items() if k != "config"}}))
+    return 0
+
+
 def _eval_scorer(args: argparse.Namespace) -> int:
     from app.scorer.data import read
     from app.scorer.model import DEFAULT_CHECKPOINT, Checkpoint
@@ -168,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scorer.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     scorer.set_defaults(func=_scorer)
-    fetch = sub.add_parser("fetch-model", help="download and convert the default model (idempotent)")
+    fetch = sub.add_parser(
+        "fetch-model", help="download and convert the default model, merge the judge adapter (idempotent)"
+    )
     fetch.set_defaults(func=_fetch_model)
     ev = sub.add_parser("eval", help="accuracy, routing and latency on a labelled set (routed, short, long)")
     ev.add_argument("--data", default="builtin:arith", help="builtin:arith or a JSONL file (see README)")
@@ -178,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tau", type=float, default=0.8, help="consensus threshold for the short path")
     ev.add_argument("--strategy", default="ladder", choices=["ladder", "fixed", "nucleus"], help="temperatures")
     ev.add_argument("--modes", default="routed,short,long", help="which of routed,short,long to run")
-    ev.add_argument("--long-max-tokens", type=int, default=96, help="reasoning tokens per long-path candidate")
+    ev.add_argument("--long-max-tokens", type=int, default=128, help="reasoning tokens per long-path candidate")
+    ev.add_argument(
+        "--consensus",
+        default="sampled",
+        choices=["sampled", "exact"],
+        help="the estimator routing uses (both reported)",
+    )
     ev.add_argument("--seed", type=int, default=1234)
     ev.add_argument("--sweep", help="m=3,5,7,10 | tau=0.6,0.8,1.0 | strategy=ladder,fixed,nucleus")
     ev.add_argument("--plot", type=Path, help="write a PNG of the results here")
@@ -188,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--out", type=Path, default=Path("data/scorer"), help="writes train.jsonl and test.jsonl here")
     data.add_argument("--train", type=int, default=100, help="training items (5 candidates each)")
     data.add_argument("--test", type=int, default=60, help="held-out items (from the test split)")
-    data.add_argument("--long-max-tokens", type=int, default=96, help="reasoning tokens per candidate (as served)")
+    data.add_argument("--long-max-tokens", type=int, default=128, help="reasoning tokens per candidate (as served)")
     data.add_argument("--seed", type=int, default=7)
     data.set_defaults(func=_make_scorer_data)
     tr = sub.add_parser("train-scorer", help="train the scorer (hybrid loss) on make-scorer-data output")
@@ -200,6 +237,20 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--epochs", type=int, default=400)
     tr.add_argument("--seed", type=int, default=0)
     tr.set_defaults(func=_train_scorer)
+    grm = sub.add_parser(
+        "train-grm",
+        help="LoRA-tune the model (EGRM_MODEL or the default) as a judge on builtin:arith train; writes an adapter",
+    )
+    grm.add_argument("--out", type=Path, required=True, help="adapter folder (serve it with EGRM_ADAPTER=DIR)")
+    grm.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget; the schedule fits it")
+    grm.add_argument("--epochs", type=float, default=1.0, help="passes over the 3,600 training items")
+    grm.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    grm.add_argument("--lr", type=float, default=4e-4)
+    grm.add_argument("--batch-size", type=int, default=16)
+    grm.add_argument("--seed", type=int, default=0)
+    grm.add_argument("--limit", type=int, help="train on the first N items only (smoke runs)")
+    grm.add_argument("--quiet", action="store_true", help="no progress bar")
+    grm.set_defaults(func=_train_grm)
     es = sub.add_parser("eval-scorer", help="held-out pairwise accuracy and MAE of a scorer against baselines")
     es.add_argument("--data", type=Path, default=Path("data/scorer/test.jsonl"), help="held-out JSONL")
     es.add_argument("--train", type=Path, default=Path("data/scorer/train.jsonl"), help="fits baseline directions")

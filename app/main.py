@@ -36,6 +36,27 @@ def model_path(settings: Settings) -> Path:
     return path
 
 
+def adapter_path(settings: Settings) -> Path | None:
+    """The LoRA adapter to merge: EGRM_ADAPTER, or the shipped judge adapter on the default model."""
+    if settings.adapter == "none" or (not settings.adapter and settings.model):
+        return None
+    if settings.adapter:
+        return Path(settings.adapter).expanduser()
+    from app.judge import DEFAULT_ADAPTER
+
+    return DEFAULT_ADAPTER
+
+
+def judge_model_path(settings: Settings) -> Path:
+    """The embedded engine's weights: the model folder with its adapter merged in (cached)."""
+    path, adapter = model_path(settings), adapter_path(settings)
+    if adapter is None:
+        return path
+    from app.engines.embedded.adapter import merged_model
+
+    return merged_model(path, adapter, settings.cache_dir)
+
+
 def build_engine(settings: Settings) -> Engine:
     if settings.engine == "sglang":
         return _sglang(settings)
@@ -43,7 +64,7 @@ def build_engine(settings: Settings) -> Engine:
         return _openai(settings)
     from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
 
-    path = model_path(settings)
+    path = judge_model_path(settings)
     log.info("loading %s (dtype %s)", path, settings.dtype)
     return EmbeddedEngine.load(
         str(path),

@@ -13,6 +13,7 @@ from app.engines.embedded.engine import EmbeddedEngine
 from app.engines.embedded.fetch import fetch_model
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.remote.tokenizer import LocalTokenizer, load_tokenizer
+from app.main import judge_model_path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,15 +28,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def model_path() -> Path:
-    """The converted default model (fetched by `make test` first; idempotent here)."""
+def base_model_path() -> Path:
+    """The converted default model, as fetched (`make test` fetches it first; idempotent here)."""
     return fetch_model(Settings().cache_dir)
 
 
 @pytest.fixture(scope="session")
-def tok(model_path: Path) -> LocalTokenizer:
-    """The default model's tokenizer alone, as the remote engines load it."""
-    return load_tokenizer(model_path)
+def model_path(base_model_path: Path) -> Path:
+    """The served default: the fetched model with the judge adapter merged in (once, cached)."""
+    return judge_model_path(Settings())
+
+
+@pytest.fixture(scope="session")
+def tok(base_model_path: Path) -> LocalTokenizer:
+    """The default model's tokenizer alone, as the remote engines load it (from the base model's
+    folder: a remote backend serves its own weights, the adapter is an embedded-engine affair)."""
+    return load_tokenizer(base_model_path)
 
 
 @pytest.fixture(scope="session")

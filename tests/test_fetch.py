@@ -29,9 +29,9 @@ def test_extract_verifies_the_gguf(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_fetch_is_idempotent(model_path: Path):
-    marker = model_path / ".egrm-converted"
+def test_fetch_is_idempotent(base_model_path: Path):
+    marker = base_model_path / ".egrm-converted"
     stamp = marker.stat().st_mtime_ns
-    assert fetch_model(model_path.parent.parent) == model_path
+    assert fetch_model(base_model_path.parent.parent) == base_model_path
     assert marker.stat().st_mtime_ns == stamp  # nothing downloaded or rewritten
-    assert (model_path / "model.safetensors").exists() and (model_path / "tokenizer.json").exists()
+    assert (base_model_path / "model.safetensors").exists() and (base_model_path / "tokenizer.json").exists()

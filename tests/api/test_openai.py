@@ -70,7 +70,8 @@ def test_chat_completion_carries_the_judgement(client, url):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     # One prefill for five rows: at least four fifths cached, more when the prefix cache already
     # holds the template's head (the session's engine has served other requests).
-    assert 4 * usage.prompt_tokens // 5 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+    # Six rows (five samples, the verdict's follow-up turn) over one prefill: far below five prefills.
+    assert 0 < usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens < 2 * usage.prompt_tokens // 6
     assert completion.id.startswith("chatcmpl-") and completion.object == "chat.completion"
     # Counted like /v1/rewards: the route counter and the request latency by endpoint.
     assert metric(url, 'egrm_route_total{route="short"}') == before + 1

@@ -41,7 +41,7 @@ def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
     assert s["route"] == "short" and s["reward"] == 1.0 and s["error"] is None
     assert lng["route"] == "long" and len(lng["candidates"]) == 5 and lng["answer"] in ("Yes", "No")
     assert short.json()["usage"]["cached_prompt_tokens"] > 0
-    assert len(sglang.requests) == 2 + 4  # short: warm-up + batch; long: + reasoning + final
+    assert len(sglang.requests) == 3 + 4  # short: warm-up, batch, verdict; long: + reasoning + final
 
 
 def test_runtime_down_is_503_and_not_ready(model_path):

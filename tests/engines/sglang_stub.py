@@ -42,7 +42,8 @@ _SAMPLING_FIELDS = {"temperature", "top_p", "max_new_tokens", "stop", "regex", "
 
 REASONING = " The response gives 42, and 12 + 30 = 42, so it is right.\nFinal answer: Yes"
 
-# (index in the batch, sampling params) -> the answer text for a regex-constrained branch.
+# (index in the batch, sampling params) -> the answer text of a branch that is not reasoning: a
+# regex-constrained one, or a free short answer (no stop string; the solve-first judge's own answer).
 AnswerScript = Callable[[int, dict[str, Any]], str]
 
 
@@ -162,9 +163,9 @@ class StubRuntime:
         eos = min(self.tok.eos_ids)
         if limit == 0:
             return "", [], {"type": "length", "length": 0}
-        if sp.get("regex") is not None:
+        if sp.get("regex") is not None or not sp.get("stop"):  # an answer; free text without a constraint
             answer = self.answers(i, sp)
-            if not re.fullmatch(sp["regex"], answer):
+            if sp.get("regex") is not None and not re.fullmatch(sp["regex"], answer):
                 raise AssertionError(f"test script answer {answer!r} does not match {sp['regex']!r}")
             ids = self.tok.encode(answer)
             if len(ids) >= limit:  # the grammar is done; EOS would come next

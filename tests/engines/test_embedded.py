@@ -10,7 +10,8 @@ from app.engines.embedded.engine import EmbeddedEngine
 
 pytestmark = pytest.mark.slow
 
-QUESTION = [{"role": "user", "content": "Name three colours of the rainbow and say why the sky is blue."}]
+# A prompt the tuned judge still answers at length (it answers a short question in a word, then stops).
+QUESTION = [{"role": "user", "content": "Write a short story about a cat who learns to fly."}]
 
 
 def run(coro):

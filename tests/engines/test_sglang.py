@@ -152,10 +152,14 @@ def test_pipeline_short_path_through_sglang(runtime, tok):
     )
     assert result.route is Route.SHORT and result.answer == "Yes" and result.reward == 1.0 and result.error is None
     assert result.consensus == 1.0 and [s.text for s in result.samples] == [" Yes"] * 5
-    prompt = len(tok.encode(tok.render_chat(get_template("verdict").messages(ITEM))))
-    # Computed prompt tokens: the prefix once, plus the one token each other branch recomputes.
-    assert result.usage.prompt_tokens - result.usage.cached_prompt_tokens == prompt + 4
-    assert len(stub.requests) == 2
+    verdict = get_template("verdict")
+    prompt = len(tok.encode(tok.render_chat(verdict.messages(ITEM))))
+    followup = len(tok.encode(verdict.followup_text(ITEM, tok.render_chat)))
+    # Computed prompt tokens: the prefix once, plus the one token each other branch recomputes,
+    # plus the verdict's follow-up turn on the leader's branch (its own answer came from cache).
+    computed = result.usage.prompt_tokens - result.usage.cached_prompt_tokens
+    assert prompt + 4 + followup - 1 <= computed <= prompt + 4 + followup + 1
+    assert len(stub.requests) == 3  # warm-up, the five answers, the verdict
 
 
 def test_pipeline_long_path_through_sglang(runtime, tok):

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from app.engines.base import Branch, FinishReason
+from app.pipeline.longpath import final_text
 from app.pipeline.service import RewardPipeline, exact_probability
 from app.pipeline.templates import get_template
 from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route
@@ -40,9 +41,10 @@ def test_long_path_never_prefills_the_prefix_again(engine):
     result = asyncio.run(RewardPipeline(engine, HeuristicScorer()).score_item(ITEM, options(path=PathMode.LONG)))
     t = get_template("verdict")
     prefix_tokens = engine.count_tokens(engine.render_chat(t.messages(ITEM)))
-    cue, final = engine.count_tokens(t.reasoning_cue), engine.count_tokens(t.final_cue)
+    cue, final = engine.count_tokens(t.reasoning_cue), engine.count_tokens(final_text(engine, t, ITEM))
     computed = result.usage.prompt_tokens - result.usage.cached_prompt_tokens
-    # One prefill, then per branch only its pending token and each cue: re-prefilling would add 5x the prefix.
+    # One prefill, then per branch only its pending token, the cue and the follow-up turn: re-prefilling
+    # would add 5x the prefix.
     assert prefix_tokens <= computed <= prefix_tokens + 5 * (1 + cue) + 5 * (1 + final)
     assert result.route is Route.LONG and len(result.candidates) == 5
     assert all(t.reasoning_cue in c.reasoning and c.answer in ("Yes", "No") for c in result.candidates)

@@ -1,0 +1,75 @@
+"""What the judge is trained to write for a `builtin:arith` item: its own answer and its reasoning.
+
+The judge solves the question before it sees the response (the verdict template is solve-first):
+its short answer is its own result (`2756`), so the M answer-only samples agree when the model
+can compute the result in one go and scatter when it cannot. A bare Yes/No is no use here: the
+135M model cannot get it right without computing (NOTES-judge.md: a linear probe on the verdict
+position reaches 51-63% on easy items), and with the response in view it copies its number.
+
+The reasoning breaks the computation into steps this model can do: single-digit facts, a
+two-digit number times one digit, adding a round number. Digits are written without spaces
+(every digit is one token either way; a space costs one more). The verdict comes after both, in
+the follow-up turn that shows the response: it compares the response with the last result.
+"""
+
+from __future__ import annotations
+
+from app.evals.data import LabelledItem, Question, question_of
+
+
+def verdict(value: int, proposed: int) -> str:
+    """Whether the response's number is the judge's result."""
+    return "Yes" if value == proposed else "No"
+
+
+def _times_digit(a: int, d: int) -> str:
+    """a*d for a two-digit a and one digit d, through the tens: 52*7=50*7+2*7=350+14=364."""
+    tens, ones = a - a % 10, a % 10
+    if ones == 0:
+        return f"{a}*{d}={a * d}"
+    return f"{a}*{d}={tens}*{d}+{ones}*{d}={tens * d}+{ones * d}={a * d}"
+
+
+def _add(a: int, b: int) -> str:
+    if b < 10:
+        return f"{a}+{b}={a + b}"
+    return f"{a}+{b}={a - a % 10}+{b - b % 10}+{a % 10}+{b % 10}={a - a % 10 + b - b % 10}+{a % 10 + b % 10}={a + b}"
+
+
+def _subtract(a: int, b: int) -> str:
+    if b < 10:
+        return f"{a}-{b}={a - b}"
+    return f"{a}-{b}={a}-{b - b % 10}-{b % 10}={a - b + b % 10}-{b % 10}={a - b}"
+
+
+def _multiply(a: int, b: int) -> str:
+    if b < 10:
+        return _times_digit(a, b)
+    high, low = b // 10, b % 10
+    steps = [f"{a}*{b}={a}*{high * 10}+{a}*{low}." if low else f"{a}*{b}={a}*{high}*10."]
+    steps.append(f"{_times_digit(a, high)}, so {a}*{high * 10}={a * high * 10}.")
+    if low:
+        steps.append(f"{_times_digit(a, low)}.")
+        steps.append(f"{a * high * 10}+{a * low}={a * b}.")
+    return " ".join(steps)
+
+
+def reasoning(question: Question) -> str:
+    """Step-by-step working, ending with the result."""
+    if question.op == "+":
+        return _add(question.a, question.b) + "."
+    if question.op == "-":
+        return _subtract(question.a, question.b) + "."
+    work = _multiply(question.a, question.b)
+    return work if work.endswith(".") else work + "."
+
+
+def proposed_of(item: LabelledItem) -> int:
+    """The number in a builtin:arith response ("The answer is 2765.")."""
+    return int(item.response.removeprefix("The answer is ").removesuffix("."))
+
+
+def targets(item: LabelledItem) -> tuple[str, str, str]:
+    """(own answer, reasoning, verdict) the judge should write for a builtin:arith item."""
+    question = question_of(item)
+    return str(question.value), reasoning(question), verdict(question.value, proposed_of(item))

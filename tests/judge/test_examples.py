@@ -1,0 +1,108 @@
+"""The judge's training targets: true arithmetic, and sequences laid out as the pipeline feeds them."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from app.evals.data import LabelledItem, builtin_arith, question_of
+from app.judge.examples import IGNORE, Mix, Segment, example, layout
+from app.judge.targets import reasoning, targets, verdict
+from app.pipeline.templates import get_template
+
+EOS = 2
+_CHAIN = re.compile(r"[0-9*+\-=]+=[0-9*+\-=]+")
+
+
+def _chains(text: str) -> list[str]:
+    return [m.group(0) for m in _CHAIN.finditer(text)]
+
+
+def test_every_step_of_every_reasoning_is_true_and_ends_at_the_verdict() -> None:
+    items = builtin_arith("train")
+    checked = 0
+    for item in items:
+        own, steps, said = targets(item)
+        truth = question_of(item).value
+        for chain in _chains(steps):
+            sides = [eval(side) for side in chain.split("=")]  # digits and + - * only (the regex)
+            assert len(set(sides)) == 1, f"{item.prompt}: {chain}"
+            checked += 1
+        assert own == str(truth) and steps.endswith(f"={truth}.") and said == item.gold
+    assert checked > 2 * len(items)
+
+
+@pytest.mark.parametrize(
+    ("a", "op", "b", "expected"),
+    [
+        (47, "+", 38, "47+38=40+30+7+8=70+15=85."),
+        (83, "-", 47, "83-47=83-40-7=43-7=36."),
+        (83, "-", 7, "83-7=76."),
+        (52, "*", 7, "52*7=50*7+2*7=350+14=364."),
+        (52, "*", 50, "52*50=52*5*10. 52*5=50*5+2*5=250+10=260, so 52*50=2600."),
+    ],
+)
+def test_reasoning_shapes(a: int, op: str, b: int, expected: str) -> None:
+    from app.evals.data import Question
+
+    assert reasoning(Question(a, op, b)).startswith(expected)
+
+
+def test_the_verdict_compares_the_response_with_the_result() -> None:
+    assert verdict(2756, 2765) == "No" and verdict(85, 85) == "Yes"
+
+
+def test_layout_labels_each_learnt_token_from_the_position_before_it() -> None:
+    ex = layout([Segment([10, 11], False), Segment([20, 21], True, then_eos=True), Segment([30], False)], EOS)
+    assert ex.ids == [10, 11, 20, 21, 30]
+    assert ex.labels == [IGNORE, 20, 21, EOS, IGNORE]
+    assert ex.learnt_tokens == 3
+    with pytest.raises(ValueError, match="before it"):
+        layout([Segment([1], True)], EOS)
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+
+    from app.config import Settings
+    from app.engines.embedded.fetch import model_dir
+
+    return AutoTokenizer.from_pretrained(model_dir(Settings().cache_dir))
+
+
+def test_examples_are_what_the_pipeline_will_feed() -> None:
+    tok = _tokenizer()
+    template = get_template("verdict")
+    item = LabelledItem("x", "What is 72 * 5?", "The answer is 630.", "No", difficulty="medium")
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return str(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+    def make(**mix: float):
+        ex = example(item, template, encode, render, EOS, random.Random(0), Mix(**mix))
+        learnt = tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)])
+        return tok.decode(ex.ids), learnt, ex.labels.count(EOS)
+
+    prompt = render(template.messages(item.judge_item()))
+    assert "630" not in prompt  # solve first: the judge answers before it sees the response
+    followup = template.followup_text(item.judge_item(), render)
+    steps = reasoning(question_of(item))
+    # Long: own answer, reasoning, then the response and the verdict on it.
+    text, learnt, stops = make(short_share=0.0, wrong_own=0.0)
+    assert text == prompt + "360" + template.reasoning_cue + steps + followup + "No"
+    assert learnt == "360" + steps + "No" and stops == 2  # it learns to stop after each
+    # The whole exchange renders as the chat it is: the follow-up is a user turn after the answer.
+    assert text == render(template.conversation(item.judge_item(), "360" + template.reasoning_cue + steps)) + "No"
+    # Short: own answer, then straight to the response and the verdict.
+    text, learnt, stops = make(short_share=1.0, wrong_own=0.0)
+    assert text == prompt + "360" + followup + "No" and learnt == "360No" and stops == 1
+    # A wrong own answer is not learnt; the short verdict follows it, the long one the reasoning.
+    text, learnt, _ = make(short_share=1.0, wrong_own=1.0)
+    assert not text.startswith(prompt + "360") and learnt in ("No", "Yes")
+    text, learnt, _ = make(short_share=0.0, wrong_own=1.0)
+    assert learnt == steps + "No"
