@@ -53,9 +53,9 @@ class RewardPipeline:
         """
         prompts = await self.encode_prompts(items, options.template)
         if max_prompt_tokens is not None:
-            for i, ids in enumerate(prompts):
-                if len(ids) > max_prompt_tokens:
-                    raise PromptTooLongError(i, len(ids), max_prompt_tokens)
+            for i, size in enumerate(await self._judged_tokens(items, options.template, prompts)):
+                if size > max_prompt_tokens:
+                    raise PromptTooLongError(i, size, max_prompt_tokens)
         # One item failing the whole request (e.g. the engine queue is full) stops the others
         # instead of leaving their work running for nobody (their queued jobs are cancelled).
         return await gather_or_cancel(
@@ -71,6 +71,24 @@ class RewardPipeline:
 
         chars = sum(len(i.prompt) + len(i.response) + len(i.response_b or "") + len(i.reference or "") for i in items)
         return await asyncio.to_thread(encode) if chars > _OFF_LOOP_CHARS else encode()
+
+    async def _judged_tokens(
+        self, items: Sequence[JudgeItem], template: str, prompts: Sequence[list[int]]
+    ) -> list[int]:
+        """Tokens of what the judge reads of each item: its prompt and, solve first, the follow-up
+        turn that shows the response (not in the prompt, but the response is the bulk of an item)."""
+        judge = get_template(template)
+        if not judge.solve_first:
+            return [len(ids) for ids in prompts]
+
+        def count() -> list[int]:
+            return [
+                len(ids) + self.engine.count_tokens(judge.followup_text(item, self.engine.render_chat))
+                for item, ids in zip(items, prompts, strict=True)
+            ]
+
+        chars = sum(len(i.response) for i in items)
+        return await asyncio.to_thread(count) if chars > _OFF_LOOP_CHARS else count()
 
     async def _score_or_error(self, item: JudgeItem, prompt_ids: list[int], options: JudgeOptions) -> ItemResult:
         try:

@@ -129,6 +129,9 @@ def test_prompt_over_the_token_limit_is_refused_naming_the_item(client):
     r = post(client, {"items": [ITEM, huge]})
     assert_error(r, 413, "items[1]")
     assert "EGRM_MAX_PROMPT_TOKENS" in r.json()["error"]["message"]
+    # Solve first, the response is not in the first prompt but in the follow-up turn: it counts too.
+    r = post(client, {"items": [{"prompt": "What is 2+2?", "response": "word " * 5000}, ITEM]})
+    assert_error(r, 413, "items[0]")
 
 
 def test_item_too_long_for_the_model_gets_its_own_error(engine):

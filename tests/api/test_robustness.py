@@ -82,10 +82,11 @@ def test_body_limit_declared_and_chunked(guarded_server):
     assert httpx.post(f"{url}/v1/rewards", json=SHORT, headers=auth, timeout=60).status_code == 200
 
 
-def test_deadline_gives_504_and_the_service_goes_on(model_path):
+def test_deadline_gives_504_and_the_service_goes_on(base_model_path):
     # A deadline a short request meets with room to spare on a slow CPU (~1 s here in bf16), and a
-    # long path it cannot: 16 branches of up to 2,048 reasoning tokens.
-    env = {"EGRM_MODEL": str(model_path), "EGRM_REQUEST_TIMEOUT_S": "5", "EGRM_LONG_MAX_TOKENS": "2048"}
+    # long path it cannot: 16 branches of up to 2,048 reasoning tokens. The untuned model keeps
+    # writing (the tuned judge ends its reasoning in a few dozen tokens, well inside any deadline).
+    env = {"EGRM_MODEL": str(base_model_path), "EGRM_REQUEST_TIMEOUT_S": "5", "EGRM_LONG_MAX_TOKENS": "2048"}
     with running_server(env) as url:
         r = httpx.post(f"{url}/v1/rewards", json={**LONG, "options": {"path": "long", "m": 16}}, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
