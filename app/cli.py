@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     scorer.add_argument(
         "--checkpoint",
         default="",
-        help="heuristic (default), trained (the shipped checkpoint), or a scorer.json / its folder",
+        help="trained (the shipped checkpoint, default), heuristic, or a scorer.json / its folder",
     )
     scorer.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     scorer.set_defaults(func=_scorer)

@@ -114,12 +114,12 @@ class Settings(BaseSettings):
     scorer_url: str = Field(
         "",
         description="Base URL of a scorer worker (`egrm scorer`), e.g. http://127.0.0.1:8001; "
-        "empty = the in-process heuristic scorer.",
+        "empty = the scorer runs in-process (EGRM_SCORER_CHECKPOINT).",
     )
     scorer_checkpoint: str = Field(
         "",
-        description="Without a worker URL: the scorer run in-process. Empty or `heuristic` = the heuristic; "
-        "`trained` = the checkpoint shipped with egrm; else a checkpoint file or folder.",
+        description="Without a worker URL: the scorer run in-process. Empty or `trained` = the checkpoint shipped "
+        "with egrm; `heuristic` = the heuristic; else a checkpoint file or folder.",
     )
     scorer_timeout_s: float = Field(
         5.0, gt=0, le=300, description="Deadline of one call to the scorer worker; past it, the call is retried."

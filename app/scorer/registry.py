@@ -18,17 +18,17 @@ TRAINED = "trained"
 
 
 def load_scorer(checkpoint: Path | str | None) -> Scorer:
-    """None, "" or "heuristic" -> the heuristic; "trained" -> the checkpoint that ships with egrm
-    (app/scorer/default_scorer.json); a path -> the checkpoint there (scorer.json or its folder).
+    """None, "" or "trained" -> the checkpoint that ships with egrm (app/scorer/default_scorer.json);
+    "heuristic" -> the heuristic; a path -> the checkpoint there (scorer.json or its folder).
 
-    The heuristic stays the default until a trained scorer beats it on held-out candidates: with
-    the untuned default judge, neither is better than chance (README, "Training the scorer").
+    The trained checkpoint is the default: on the shipped judge's held-out candidates it ranks
+    0.78 of (right, wrong) pairs right, the heuristic 0.45 (README, "Training the scorer").
     The worker awaits score() on its event loop: a scorer that runs a model must do that work
     off the loop. The trained scorer is a few hundred multiply-adds per candidate: it runs inline.
     """
-    if not checkpoint or checkpoint == HEURISTIC:
+    if checkpoint == HEURISTIC:
         return HeuristicScorer()
-    path = DEFAULT_CHECKPOINT if checkpoint == TRAINED else Path(checkpoint)
+    path = DEFAULT_CHECKPOINT if not checkpoint or checkpoint == TRAINED else Path(checkpoint)
     if path.is_dir():
         path = path / CHECKPOINT_NAME
     try:

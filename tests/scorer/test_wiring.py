@@ -23,9 +23,9 @@ def test_wire_model_mirrors_the_candidate_dataclass():
     assert CandidateIn(**dataclasses.asdict(CANDIDATE)).to_candidate() == CANDIDATE
 
 
-def test_the_heuristic_is_the_default_and_trained_the_shipped_checkpoint():
-    assert all(isinstance(load_scorer(c), HeuristicScorer) for c in (None, "", "heuristic"))
-    assert isinstance(load_scorer("trained"), TrainedScorer)
+def test_the_shipped_checkpoint_is_the_default_and_the_heuristic_opt_in():
+    assert all(isinstance(load_scorer(c), TrainedScorer) for c in (None, "", "trained"))
+    assert isinstance(load_scorer("heuristic"), HeuristicScorer)
 
 
 def test_a_folder_or_file_checkpoint_loads(tmp_path):
@@ -39,8 +39,8 @@ def test_a_bad_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_the_api_uses_the_worker_only_when_a_url_is_set():
-    assert isinstance(build_scorer(Settings()), HeuristicScorer)
-    assert isinstance(build_scorer(Settings(scorer_checkpoint="trained")), TrainedScorer)
+    assert isinstance(build_scorer(Settings()), TrainedScorer)
+    assert isinstance(build_scorer(Settings(scorer_checkpoint="heuristic")), HeuristicScorer)
     remote = build_scorer(Settings(scorer_url="http://127.0.0.1:8001/", scorer_timeout_s=2, scorer_retries=0))
     assert isinstance(remote, HttpScorer) and remote.url == "http://127.0.0.1:8001"
     asyncio.run(remote.close())

@@ -36,7 +36,7 @@ def test_scores_come_back_in_order_from_the_loaded_scorer(worker):
     ]
     r = score(worker, {"candidates": [dataclasses.asdict(c) for c in candidates]})
     assert r.status_code == 200, r.text
-    assert r.json() == {"scores": asyncio.run(load_scorer(None).score(candidates)), "scorer": "HeuristicScorer"}
+    assert r.json() == {"scores": asyncio.run(load_scorer(None).score(candidates)), "scorer": "TrainedScorer"}
 
 
 @pytest.mark.parametrize(
