@@ -114,17 +114,26 @@ def calibration(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[
     return rows
 
 
+def _short(outcome: ItemOutcome, name: str, tau: float) -> bool:
+    """Whether the estimator named routes the item to the short path at tau."""
+    return outcome.estimates[name].consensus >= tau
+
+
+def _routed_right(outcome: ItemOutcome, name: str, tau: float) -> bool:
+    """Whether routing by the estimator at tau answers right: its short answer, or the long path's."""
+    if _short(outcome, name, tau):
+        return outcome.estimates[name].answer == outcome.item.gold
+    return outcome.correct("long")
+
+
 def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[dict[str, Any]]:
     """Routing at other thresholds, without running again: the route is a function of consensus,
     and seeded samples make each route's answer the one its forced mode gave."""
     rows = []
     long_latency = statistics.fmean(o.runs["long"].latency_ms for o in outcomes)
     for tau in TAU_GRID:
-        short = [o.estimates[name].consensus >= tau for o in outcomes]
-        routed = [
-            o.estimates[name].answer == o.item.gold if s else o.correct("long")
-            for o, s in zip(outcomes, short, strict=True)
-        ]
+        short = [_short(o, name, tau) for o in outcomes]
+        routed = [_routed_right(o, name, tau) for o in outcomes]
         latency = [o.runs["short" if s else "long"].latency_ms for o, s in zip(outcomes, short, strict=True)]
         rows.append(
             {
@@ -140,9 +149,9 @@ def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[di
 def estimator(outcomes: Sequence[ItemOutcome], tau: float, name: str, modes: Sequence[str]) -> dict[str, Any]:
     """One consensus estimator side by side with the other, on the same samples: where it would
     route at tau, how right its short path would be, its calibration and its tau curve."""
-    short = [o for o in outcomes if o.estimates[name].consensus >= tau]
+    short = [o for o in outcomes if _short(o, name, tau)]
     out: dict[str, Any] = {
-        "short_path_rate": _rate([o.estimates[name].consensus >= tau for o in outcomes]),
+        "short_path_rate": _rate([_short(o, name, tau) for o in outcomes]),
         "short_path_accuracy": _rate([o.estimates[name].answer == o.item.gold for o in short]),
         "accuracy_short_answer": _rate([o.estimates[name].answer == o.item.gold for o in outcomes]),
         "mean_consensus": round(statistics.fmean(o.estimates[name].consensus for o in outcomes), 4),
@@ -150,12 +159,7 @@ def estimator(outcomes: Sequence[ItemOutcome], tau: float, name: str, modes: Seq
     }
     if "short" in modes and "long" in modes:
         out["tau_curve"] = tau_curve(outcomes, name)
-        out["accuracy_routed"] = _rate(
-            [
-                o.estimates[name].answer == o.item.gold if o.estimates[name].consensus >= tau else o.correct("long")
-                for o in outcomes
-            ]
-        )
+        out["accuracy_routed"] = _rate([_routed_right(o, name, tau) for o in outcomes])
     return out
 
 
