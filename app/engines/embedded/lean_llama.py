@@ -12,6 +12,7 @@ with grouped-query attention), so fp32 outputs match it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,19 @@ class LayerWeights:
     mlp_norm: torch.Tensor  # (D,)
     gate_up: Linear  # (2*I, D)
     down: Linear  # (D, I)
+
+
+def _layer_weights(layer: Any, prepack: bool) -> LayerWeights:
+    """One decoder layer's weights, the projections that read the same input fused into one."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return LayerWeights(
+        attn_norm=layer.input_layernorm.weight,
+        qkv=Linear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), prepack),
+        o=Linear(attn.o_proj.weight, prepack),
+        mlp_norm=layer.post_attention_layernorm.weight,
+        gate_up=Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), prepack),
+        down=Linear(mlp.down_proj.weight, prepack),
+    )
 
 
 class KVCache:
@@ -100,22 +114,7 @@ class LeanLlama:
         self.lm_head = Linear(model.lm_head.weight, prepack)  # (V, D); shares the embedding when tied
         self.final_norm = inner.norm.weight
         with torch.no_grad():
-            self.layers = [
-                LayerWeights(
-                    attn_norm=layer.input_layernorm.weight,
-                    qkv=Linear(
-                        torch.cat(
-                            [layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight]
-                        ),
-                        prepack,
-                    ),
-                    o=Linear(layer.self_attn.o_proj.weight, prepack),
-                    mlp_norm=layer.post_attention_layernorm.weight,
-                    gate_up=Linear(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]), prepack),
-                    down=Linear(layer.mlp.down_proj.weight, prepack),
-                )
-                for layer in inner.layers
-            ]
+            self.layers = [_layer_weights(layer, prepack) for layer in inner.layers]
         rope = getattr(cfg, "rope_parameters", None) or {}
         base = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         self.inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))

@@ -19,9 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def _prepack_supported(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and weight.dtype in (
-        torch.float32,
-        torch.bfloat16,
+    return (
+        weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and weight.dtype
+        in (
+            torch.float32,
+            torch.bfloat16,
+        )
     )
 
 
