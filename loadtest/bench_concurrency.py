@@ -29,13 +29,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def one(client: httpx.AsyncClient, url: str, i: int) -> tuple[float, float]:
-    body = {"items": [item(i)], "options": {"path": "short", "m": 5, "seed": i}}
+async def one(client: httpx.AsyncClient, url: str, i: int, template: str) -> tuple[float, float, int]:
+    """One request: client latency (ms), the engine time the server timed (ms), prompt tokens
+    the engine had to compute (neither shared by the branches nor served by the prefix cache)."""
+    body = {"items": [item(i)], "options": {"path": "short", "m": 5, "seed": i, "template": template}}
     start = time.perf_counter()
     r = await client.post(f"{url}/v1/rewards", json=body, timeout=300)
     elapsed = (time.perf_counter() - start) * 1000
     r.raise_for_status()
-    return elapsed, r.json()["results"][0]["timings"]["sample_ms"]
+    body = r.json()
+    computed = body["usage"]["prompt_tokens"] - body["usage"]["cached_prompt_tokens"]
+    return elapsed, body["results"][0]["timings"]["sample_ms"], computed
 
 
 async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -44,20 +48,23 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(wanted)}
 
 
-async def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
+async def load(url: str, concurrency: int, requests: int, template: str) -> dict[str, Any]:
     latencies: list[float] = []
     overheads: list[float] = []
+    computed = 0
     counter = iter(range(requests))
 
     async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal computed
         for i in counter:
-            ms, engine_ms = await one(client, url, i)
+            ms, engine_ms, prefilled = await one(client, url, i, template)
+            computed += prefilled
             latencies.append(ms)
             overheads.append(ms - engine_ms)
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits) as client:
-        await one(client, url, 10_000)  # warm-up
+        await one(client, url, 10_000, template)  # warm-up
         before = await engine_counters(client, url)
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
@@ -72,13 +79,18 @@ async def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
         "p99_ms": round(percentile(latencies, 0.99), 1),
         "overhead_p50_ms": round(statistics.median(overheads), 2),
         "mean_engine_batch": round(jobs / batches, 2) if batches else None,
+        # Prefill is compute-bound and batching does not amortise it: once this nears the
+        # machine's prefill rate (bench_parallel: prefix_tokens / single sample), throughput is capped.
+        "computed_prompt_tokens_per_request": round(computed / requests, 1),
+        "computed_prompt_tokens_per_s": round(computed / wall),
     }
 
 
-async def measure(url: str, requests: int) -> dict[str, Any]:
-    c1 = await load(url, 1, requests)
-    c16 = await load(url, 16, requests * 2)
+async def measure(url: str, requests: int, template: str) -> dict[str, Any]:
+    c1 = await load(url, 1, requests, template)
+    c16 = await load(url, 16, requests * 2, template)
     return {
+        "template": template,
         "c1": c1,
         "c16": c16,
         "ratio_rps_c16_vs_c1": round(c16["rps"] / c1["rps"], 2),
@@ -91,12 +103,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.add_argument("--requests", type=int, default=48, help="requests at concurrency 1 (twice that at 16)")
     parser.add_argument("--url", help="a running server; default: start one")
+    parser.add_argument(
+        "--template",
+        default="verdict",
+        help="judge template: verdict (solve first: two engine calls a request) or score (answer-only: one)",
+    )
     args = parser.parse_args()
     if args.url:
-        result = asyncio.run(measure(args.url, args.requests))
+        result = asyncio.run(measure(args.url, args.requests, args.template))
     else:
         with running_server() as url:
-            result = asyncio.run(measure(url, args.requests))
+            result = asyncio.run(measure(url, args.requests, args.template))
     print(json.dumps(result))
 
 
