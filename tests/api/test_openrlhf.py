@@ -66,22 +66,26 @@ def test_long_route_is_logged_per_query(url):
 def test_labels_reach_the_judge_as_the_reference(url):
     series = "egrm_prompt_tokens_total"
     before = metric(url, series)
-    assert post(url, {"query": QUERIES[:1], "prompts": PROMPTS[:1], "egrm": {"path": "short"}}).status_code == 200
+    options = {"path": "short", "seed": 3}  # the same sampled answer both times (see below)
+    assert post(url, {"query": QUERIES[:1], "prompts": PROMPTS[:1], "egrm": options}).status_code == 200
     plain = metric(url, series) - before
     before = metric(url, series)
-    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["4, the sum"], "egrm": {"path": "short"}}
+    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["4, the sum"], "egrm": options}
     assert post(url, body).status_code == 200
     assert metric(url, series) - before > plain
 
 
 def test_without_prompts_the_whole_query_is_the_response(url):
+    # Seeded: the short path's follow-up turn continues the majority's branch, so the prompt
+    # tokens it counts include that sampled answer; unseeded, two equal requests differ by its length.
+    options = {"path": "short", "seed": 3}
     series = "egrm_prompt_tokens_total"
     before = metric(url, series)
-    r = post(url, {"query": QUERIES[:1], "egrm": {"path": "short"}})  # OpenRLHF's older remote_rm_fn
+    r = post(url, {"query": QUERIES[:1], "egrm": options})  # OpenRLHF's older remote_rm_fn
     assert r.status_code == 200 and len(r.json()["rewards"]) == 1
     absent = metric(url, series) - before
     before = metric(url, series)
-    assert post(url, {"query": QUERIES[:1], "prompts": [""], "egrm": {"path": "short"}}).status_code == 200
+    assert post(url, {"query": QUERIES[:1], "prompts": [""], "egrm": options}).status_code == 200
     assert metric(url, series) - before == absent
 
 
