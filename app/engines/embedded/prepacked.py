@@ -18,16 +18,14 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 
-def _prepack_supported(weight: torch.Tensor) -> bool:
-    return (
-        weight.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and weight.dtype
-        in (
-            torch.float32,
-            torch.bfloat16,
-        )
-    )
+def prepack_supported(dtype: torch.dtype) -> bool:
+    """Whether oneDNN has a prepacked CPU kernel for this dtype here: fp32 always; bf16 only on
+    CPUs with native bf16 (AVX512-BF16, AMX, AVX-NE-CONVERT), where it emulates nothing."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype is torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype is torch.float32
 
 
 class Linear:
@@ -38,7 +36,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, prepack: bool = True):
         self.weight = weight  # (out, in): kept for the fallback and for anyone reading the weights
         self._packed: torch.Tensor | None = None
-        if prepack and _prepack_supported(weight):
+        if prepack and weight.device.type == "cpu" and prepack_supported(weight.dtype):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
                 probe = torch.randn(3, weight.shape[1], dtype=weight.dtype)
