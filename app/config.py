@@ -51,9 +51,9 @@ class Settings(BaseSettings):
     )
     cache_dir: Path = Field(default_factory=default_cache_dir, description="Where fetched and converted models live.")
     dtype: Literal["bfloat16", "float32", "auto"] = Field(
-        "bfloat16",
+        "auto",
         description="Embedded engine weights and compute dtype; auto = bfloat16 where the CPU has native "
-        "bf16 (AVX512-BF16, AMX), else float32 (faster prefill, slower decode there: see README).",
+        "bf16 (AVX512-BF16, AMX), else float32 (emulated bf16 is 3-4x slower there: see README).",
     )
     threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
     parallel_mode: Literal["sequence", "batch"] = Field(

@@ -63,12 +63,14 @@ def build_engine(settings: Settings) -> Engine:
     if settings.engine == "openai":
         return _openai(settings)
     from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
+    from app.engines.embedded.loader import resolve_dtype
 
     path = judge_model_path(settings)
-    log.info("loading %s (dtype %s)", path, settings.dtype)
+    dtype = resolve_dtype(settings.dtype)
+    log.info("loading %s (dtype %s, asked %s)", path, dtype, settings.dtype)
     return EmbeddedEngine.load(
         str(path),
-        dtype=settings.dtype,
+        dtype=dtype,
         threads=settings.threads,
         layout=settings.parallel_mode,
         prefix_cache=settings.prefix_cache,

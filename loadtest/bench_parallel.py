@@ -119,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.add_argument("--model", type=Path, help="model folder (default: the fetched default)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="as EGRM_DTYPE")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--long-rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=16)
@@ -127,7 +127,7 @@ def main() -> None:
 
     engine = EmbeddedEngine.load(str(args.model or fetch_model(Settings().cache_dir)), dtype=args.dtype)
     threads = engine.run_on_model_thread(torch.get_num_threads)
-    result: dict[str, Any] = {"m": M, "dtype": args.dtype, "threads": threads, "forward": engine.forward_kind}
+    result: dict[str, Any] = {"m": M, "dtype": engine.dtype, "threads": threads, "forward": engine.forward_kind}
     result["short"] = run_suite(engine, make_prompt(engine, 210), args.new_tokens, args.rounds, warm_all=True)
     result["long"] = run_suite(engine, make_prompt(engine, 1980), args.new_tokens, args.long_rounds, warm_all=False)
     asyncio.run(engine.close())

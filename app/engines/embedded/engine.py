@@ -61,7 +61,7 @@ class EmbeddedEngine:
         self.prefix_cache = PrefixCache() if self._lean is not None and prefix_cache else None
 
     @classmethod
-    def load(cls, path: str, dtype: str = "bfloat16", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
+    def load(cls, path: str, dtype: str = "auto", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
         return cls(lambda: load_model(path, dtype=dtype, threads=threads), **kwargs)
 
     def run_on_model_thread(self, fn: Callable[[], Any]) -> Any:
@@ -71,6 +71,11 @@ class EmbeddedEngine:
     @property
     def model_name(self) -> str:
         return self._m.name
+
+    @property
+    def dtype(self) -> str:
+        """The weights' and compute dtype, e.g. "float32" ("auto" resolved at load)."""
+        return str(self._m.model.dtype).removeprefix("torch.")
 
     @property
     def forward_kind(self) -> str:

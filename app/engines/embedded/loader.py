@@ -35,16 +35,16 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> froz
 def resolve_dtype(dtype: str) -> str:
     """Resolve "auto" to bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), else float32.
 
-    Without native support bf16 matmuls are emulated: on an AVX2-only EPYC a short-path request
-    (prefill-bound) took 0.87 s in bf16 and 0.35 s in fp32, but a long-path one (decode-bound,
-    where half the bytes per weight pays) 8.7 s and 15.7 s. Not the default for that reason.
+    Without native support bf16 matmuls are emulated: on an AVX2-only EPYC (2 threads, M=5,
+    prefixes of ~250 tokens) a short-path request took 1.30 s in bf16 and 0.36 s in fp32, a
+    long-path one 5.7 s and 2.1 s (fp32 weights prepacked for oneDNN; see prepacked.py).
     """
     if dtype != "auto":
         return dtype
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
-def load_model(path: str | Path, dtype: str = "bfloat16", threads: int = 0) -> LoadedModel:
+def load_model(path: str | Path, dtype: str = "auto", threads: int = 0) -> LoadedModel:
     path = Path(path).expanduser()
     if threads > 0:
         torch.set_num_threads(threads)
