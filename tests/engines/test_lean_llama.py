@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engines.embedded.lean_llama import _FLASH_MIN_QUERIES, LeanLlama
+from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import load_model
 from app.engines.embedded.prepacked import Linear, prepack_supported
 
@@ -30,17 +30,18 @@ def test_prepacked_linear_equals_f_linear(dtype, rows):
 
 @pytest.mark.parametrize("rows, queries", [(5, 1), (1, 5), (2, 7)])
 def test_decode_attention_equals_sdpa_with_the_same_mask(rows, queries):
-    lean = LeanLlama.__new__(LeanLlama)  # _attend reads no weights
     gen = torch.Generator().manual_seed(queries)
     heads, kv_heads, slots, hd = 9, 3, 40, 64
     q = torch.randn(rows, heads, queries, hd, generator=gen)
-    keys = torch.randn(rows, kv_heads, slots, hd, generator=gen)
-    values = torch.randn(rows, kv_heads, slots, hd, generator=gen)
+    # Slices of a larger cache, as the forward passes them (not contiguous).
+    keys = torch.randn(rows, kv_heads, slots + 8, hd, generator=gen)[:, :, :slots]
+    values = torch.randn(rows, kv_heads, slots + 8, hd, generator=gen)[:, :, :slots]
     mask = torch.rand(rows, 1, queries, slots, generator=gen) < 0.6
     mask[..., 0] = True  # every query sees at least one slot, as in the engine
-    assert queries <= _FLASH_MIN_QUERIES  # the matmul path, not SDPA itself
     expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-    torch.testing.assert_close(lean._attend(q, keys, values, mask), expected, rtol=1e-5, atol=1e-5)
+    bias = LeanLlama.decode_bias(mask, kv_heads, heads // kv_heads)
+    assert bias is not None  # the matmul path, not SDPA itself
+    torch.testing.assert_close(LeanLlama._attend(q, keys, values, mask, bias), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
