@@ -4,8 +4,10 @@ Why: `F.linear` on CPU hands a plain (out, in) weight to oneDNN, which reorders 
 blocked layout on every call. At decode, where a step multiplies 1-25 rows by each weight, that
 reorder costs as much as the product. Reordering once at load (what inductor's freezing does)
 measured here, bf16, 2 threads: the 3072x576 gate/up projection 101 -> 50 us at 1 row,
-135 -> 78 us at 5 rows; the 49k-row LM head 3.2 -> 1.7 ms; outputs bit-identical. Where oneDNN
-is not there (a GPU, a build without it) or the probe below disagrees, plain `F.linear` runs.
+135 -> 78 us at 5 rows; the 49k-row LM head 3.2 -> 1.7 ms; outputs bit-identical. In fp32 on an
+AVX2-only EPYC, all 30 layers' projections (weights cold in cache, as in serving): 34 -> 23 ms
+at 1 row, 54 -> 29 ms at 5 rows. Where oneDNN is not there (a GPU, a build without it), has no
+kernel for the dtype (bf16 without native bf16), or the probe below disagrees, `F.linear` runs.
 """
 
 from __future__ import annotations
