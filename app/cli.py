@@ -155,6 +155,7 @@ def _train_grm(args: argparse.Namespace) -> int:
         seed=args.seed,
         limit=args.limit,
         threads=settings.threads,
+        init=str(args.init) if args.init else None,
     )
     meta = train_grm(model_path(settings), args.out, config, progress=not args.quiet)
     print(json.dumps({"adapter": str(args.out), **{k: v for k, v in meta.items() if k != "config"}}))
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     grm.add_argument("--batch-size", type=int, default=16)
     grm.add_argument("--seed", type=int, default=0)
     grm.add_argument("--limit", type=int, help="train on the first N items only (smoke runs)")
+    grm.add_argument("--init", type=Path, help="continue training this adapter folder (keeps its rank)")
     grm.add_argument("--quiet", action="store_true", help="no progress bar")
     grm.set_defaults(func=_train_grm)
     es = sub.add_parser("eval-scorer", help="held-out pairwise accuracy and MAE of a scorer against baselines")

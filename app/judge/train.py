@@ -43,6 +43,7 @@ class GrmTrainConfig:
     seed: int = 0
     limit: int | None = None  # at most this many training items (smoke runs)
     threads: int = 0
+    init: str | None = None  # an adapter folder to continue training (its rank and alpha are kept)
 
 
 def _batches(examples: Sequence[Example], size: int, rng: random.Random) -> list[list[Example]]:
@@ -82,7 +83,7 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
 
 def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = True) -> dict[str, Any]:
     """Train a LoRA adapter on builtin:arith train; write it (bf16) and training.json to out."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if config.threads:
@@ -95,14 +96,17 @@ def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = Tr
     # AVX2-only CPU emulates bf16, so it trains in plain float32. The adapter trains in float32.
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     autocast = resolve_dtype("auto") == "bfloat16"
-    lora = LoraConfig(
-        r=config.rank,
-        lora_alpha=config.alpha,
-        lora_dropout=0.0,
-        target_modules=list(TARGET_MODULES),
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lora)  # type: ignore[assignment]
+    if config.init:
+        model = PeftModel.from_pretrained(model, config.init, is_trainable=True)  # type: ignore[assignment]
+    else:
+        lora = LoraConfig(
+            r=config.rank,
+            lora_alpha=config.alpha,
+            lora_dropout=0.0,
+            target_modules=list(TARGET_MODULES),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)  # type: ignore[assignment]
 
     template = get_template(TemplateName.VERDICT)
     eos_id = tokenizer.eos_token_id

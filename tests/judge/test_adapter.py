@@ -43,6 +43,19 @@ def test_train_grm_writes_a_bf16_adapter_and_its_record(tiny_adapter: Path) -> N
     assert record["steps"] == 2 and record["tokens_per_s"] > 0 and record["config"]["rank"] == 2
 
 
+def test_train_grm_continues_an_adapter(base: Path, tiny_adapter: Path, tmp_path: Path) -> None:
+    config = GrmTrainConfig(rank=8, lr=5e-3, batch_size=4, limit=4, budget_s=60, warmup_steps=1, init=str(tiny_adapter))
+    meta = train_grm(base, tmp_path, config, progress=False)
+    assert meta["steps"] == 1
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["r"] == 2  # the init's rank, not 8
+    before, after = (
+        load_file(tiny_adapter / "adapter_model.safetensors"),
+        load_file(tmp_path / "adapter_model.safetensors"),
+    )
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # trained on from there
+
+
 def test_merge_adds_the_low_rank_update_once(base: Path, tiny_adapter: Path, tmp_path: Path) -> None:
     merged = merged_model(base, tiny_adapter, tmp_path)
     assert merged == merged_dir(base, tiny_adapter, tmp_path) and (merged / "tokenizer.json").exists()
