@@ -14,7 +14,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,8 @@ def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = Tr
     autocast = resolve_dtype("auto") == "bfloat16"
     if config.init:
         model = PeftModel.from_pretrained(model, config.init, is_trainable=True)  # type: ignore[assignment]
+        saved = json.loads((Path(config.init) / "adapter_config.json").read_text())
+        config = replace(config, rank=saved["r"], alpha=saved["lora_alpha"])  # recorded as trained
     else:
         lora = LoraConfig(
             r=config.rank,

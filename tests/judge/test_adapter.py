@@ -48,6 +48,7 @@ def test_train_grm_continues_an_adapter(base: Path, tiny_adapter: Path, tmp_path
     meta = train_grm(base, tmp_path, config, progress=False)
     assert meta["steps"] == 1
     assert json.loads((tmp_path / "adapter_config.json").read_text())["r"] == 2  # the init's rank, not 8
+    assert json.loads((tmp_path / "training.json").read_text())["config"]["rank"] == 2
     before, after = (
         load_file(tiny_adapter / "adapter_model.safetensors"),
         load_file(tmp_path / "adapter_model.safetensors"),
