@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from app.pipeline.consensus import tally
 from app.scorer.base import Candidate
 from app.scorer.data import LabelledCandidates
 from app.scorer.features import FEATURES, vector
@@ -113,6 +114,22 @@ def pairwise_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> fl
     return statistics.fmean(wins) if wins else float("nan")
 
 
+def pick_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
+    """Share of items whose best-scored candidate (the first on a tie) gives the gold answer:
+    what the long path returns."""
+    picks = []
+    for item in items:
+        s = score(item.candidates)
+        picks.append(item.candidates[max(range(len(s)), key=s.__getitem__)].answer == item.gold)
+    return statistics.fmean(picks) if picks else float("nan")
+
+
+def vote_accuracy(items: Sequence[LabelledCandidates]) -> float:
+    """Share of items whose candidates' majority answer is the gold one: the long path without a
+    scorer (what it falls back to when the scorer fails)."""
+    return statistics.fmean(tally([c.answer for c in item.candidates]).majority == item.gold for item in items)
+
+
 def mae(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
     errors = [abs(a - b) for item in items for a, b in zip(score(item.candidates), item.quality(), strict=True)]
     return statistics.fmean(errors)
@@ -145,6 +162,11 @@ def evaluate(
         "baseline_pairwise_accuracy": round(max(baselines.values()), 4),
         "baselines": {f"{k}_only": round(v, 4) for k, v in baselines.items()},
         "heuristic_pairwise_accuracy": round(pairwise_accuracy(test_items, _heuristic), 4),
+        # Per item, the answer the long path returns: the best-scored candidate's, or the vote's.
+        "pick_accuracy": round(pick_accuracy(test_items, scorer.predict), 4),
+        "heuristic_pick_accuracy": round(pick_accuracy(test_items, _heuristic), 4),
+        "vote_accuracy": round(vote_accuracy(test_items), 4),
+        "oracle_accuracy": round(statistics.fmean(any(q for q in i.quality()) for i in test_items), 4),
     }
 
 

@@ -22,7 +22,16 @@ from app.scorer.base import Candidate
 from app.scorer.data import LabelledCandidates, generate, read
 from app.scorer.heuristic import HeuristicScorer
 from app.scorer.model import DEFAULT_CHECKPOINT, Checkpoint, TrainedScorer
-from app.scorer.train import ScorerNet, TrainConfig, evaluate, mae, pairwise_accuracy, train
+from app.scorer.train import (
+    ScorerNet,
+    TrainConfig,
+    evaluate,
+    mae,
+    pairwise_accuracy,
+    pick_accuracy,
+    train,
+    vote_accuracy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN, TEST = ROOT / "data/scorer/train.jsonl", ROOT / "data/scorer/test.jsonl"
@@ -71,6 +80,18 @@ def test_pairwise_accuracy_and_mae_by_hand() -> None:
     assert mae([item], lambda cs: [1.0, 0.5, 0.0]) == pytest.approx((0 + 0.5 + 1) / 3)
 
 
+def test_pick_and_vote_accuracy_by_hand() -> None:
+    split = LabelledCandidates("a", "easy", "Yes", [_candidate("No", 0), _candidate("Yes", 0), _candidate("No", 0)])
+    sure = LabelledCandidates("b", "easy", "No", [_candidate("No", 0), _candidate("Yes", 0), _candidate("No", 0)])
+
+    def second_best(cs):
+        return [0.1, 0.9, 0.2][: len(cs)]
+
+    assert pick_accuracy([split, sure], second_best) == 0.5  # right on a, picks the lone Yes on b
+    assert pick_accuracy([split, sure], lambda cs: [0.0] * len(cs)) == 0.5  # a tie picks the first
+    assert vote_accuracy([split, sure]) == 0.5  # the majority says No on both: wrong on a, right on b
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -103,6 +124,9 @@ def test_eval_scorer_reports_the_shipped_checkpoint_against_its_baselines() -> N
     scorer = TrainedScorer.load(DEFAULT_CHECKPOINT)
     assert report["pairwise_accuracy"] == round(pairwise_accuracy(read(TEST), scorer.predict), 4)
     assert report["baseline_pairwise_accuracy"] == max(report["baselines"].values())
+    assert report["pick_accuracy"] == round(pick_accuracy(read(TEST), scorer.predict), 4)
+    assert report["vote_accuracy"] == round(vote_accuracy(read(TEST)), 4)
+    assert max(report["pick_accuracy"], report["vote_accuracy"]) <= report["oracle_accuracy"] <= 1
     assert 0 <= report["mae"] <= 1
 
 
