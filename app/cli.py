@@ -10,6 +10,15 @@ import sys
 from pathlib import Path
 
 from app.config import Settings
+from app.judge.examples import Mix
+
+
+def _share(text: str) -> float:
+    """An argparse type: a fraction in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], not {value}")
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -156,6 +165,7 @@ def _train_grm(args: argparse.Namespace) -> int:
         limit=args.limit,
         threads=settings.threads,
         init=str(args.init) if args.init else None,
+        mix=Mix(short_share=args.short_share, wrong_own=args.wrong_own),
     )
     meta = train_grm(model_path(settings), args.out, config, progress=not args.quiet)
     print(json.dumps({"adapter": str(args.out), **{k: v for k, v in meta.items() if k != "config"}}))
@@ -251,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     grm.add_argument("--seed", type=int, default=0)
     grm.add_argument("--limit", type=int, help="train on the first N items only (smoke runs)")
     grm.add_argument("--init", type=Path, help="continue training this adapter folder (keeps its rank)")
+    grm.add_argument("--short-share", type=_share, default=Mix.short_share, help="share of short-path sequences")
+    grm.add_argument(
+        "--wrong-own", type=_share, default=Mix.wrong_own, help="share of sequences whose own answer is a near miss"
+    )
     grm.add_argument("--quiet", action="store_true", help="no progress bar")
     grm.set_defaults(func=_train_grm)
     es = sub.add_parser("eval-scorer", help="held-out pairwise accuracy and MAE of a scorer against baselines")
