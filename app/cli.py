@@ -261,9 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     grm.add_argument("--seed", type=int, default=0)
     grm.add_argument("--limit", type=int, help="train on the first N items only (smoke runs)")
     grm.add_argument("--init", type=Path, help="continue training this adapter folder (keeps its rank)")
-    grm.add_argument("--short-share", type=_share, default=Mix.short_share, help="share of short-path sequences")
+    grm.add_argument("--short-share", type=_share, default=Mix().short_share, help="share of short-path sequences")
     grm.add_argument(
-        "--wrong-own", type=_share, default=Mix.wrong_own, help="share of sequences whose own answer is a near miss"
+        "--wrong-own", type=_share, default=Mix().wrong_own, help="share of sequences whose own answer is a near miss"
     )
     grm.add_argument("--quiet", action="store_true", help="no progress bar")
     grm.set_defaults(func=_train_grm)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.cli import build_parser
+from app.judge.examples import Mix
+
 
 def _train_grm(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "app.cli", "train-grm", "--quiet", *args]
@@ -44,3 +47,8 @@ def test_a_share_outside_0_1_exits_2_naming_the_flag(flag: str, value: str, tmp_
     assert done.returncode == 2
     assert f"argument {flag}" in done.stderr and done.stdout == ""
     assert not any(tmp_path.iterdir())  # nothing trained, nothing written
+
+
+def test_the_mix_defaults_are_the_training_defaults() -> None:
+    args = build_parser().parse_args(["train-grm", "--out", "adapter"])
+    assert Mix(short_share=args.short_share, wrong_own=args.wrong_own) == Mix()
