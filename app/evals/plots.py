@@ -29,13 +29,16 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
     fig.suptitle(title)
 
     estimators = report.get("consensus_estimators") or {"sampled": {"calibration": report["calibration"]}}
-    for k, (name, figures) in enumerate(estimators.items()):
-        rows = figures["calibration"]
+    # A reliability diagram: lines, not bars, since the two estimators bin differently (votes of
+    # 5 against 0.1 bins of a probability) and bars of one would hide the other's.
+    for name, figures in estimators.items():
+        rows = [r for r in figures["calibration"] if r["accuracy"] is not None]
         xs = [r["consensus"] + (0.05 if name == "exact" else 0) for r in rows]  # a 0.1 bin: its middle
-        bars = cal.bar([x + 0.025 * (2 * k - 1) for x in xs], [r["accuracy"] or 0 for r in rows], width=0.05)
-        bars.set_label(f"{name} (n per bar above it)")
-        for x, r in zip(xs, rows, strict=True):
-            cal.annotate(str(r["n"]), (x + 0.025 * (2 * k - 1), (r["accuracy"] or 0) + 0.02), ha="center", fontsize=7)
+        ys = [r["accuracy"] for r in rows]
+        cal.plot(xs, ys, "--" if name == "exact" else "-", marker="o", label=f"{name} (n at each point)")
+        for x, y, r in zip(xs, ys, rows, strict=True):
+            cal.annotate(str(r["n"]), (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
+    cal.plot([0, 1], [0, 1], color="lightgrey", linewidth=1, label="accuracy = consensus")
     cal.axvline(report["tau"], color="grey", linestyle="--", label="tau")
     cal.set(xlabel="consensus (sampled vote; exact: 0.1 bins)", ylabel="accuracy of the short answer", ylim=(0, 1.1))
     cal.set_title("Calibration")
