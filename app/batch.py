@@ -156,4 +156,8 @@ def local_scorer(options: RewardOptions) -> tuple[Scorer, Callable[[], Awaitable
         results = await pipeline.score(judged, judge_options)
         return [to_wire(n, item, r) for n, (item, r) in enumerate(zip(judged, results, strict=True))]
 
-    return score, engine.close
+    async def close() -> None:
+        await pipeline.close()
+        await engine.close()
+
+    return score, close

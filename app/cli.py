@@ -79,7 +79,7 @@ def _eval(args: argparse.Namespace) -> int:
         consensus=args.consensus,
     )
     try:
-        return run_eval(args.data, args.split, args.limit, config, args.sweep, args.plot, args.json)
+        return run_eval(args.data, args.split, args.limit, config, args.sweep, args.plot, args.json, args.template)
     except ValueError as exc:
         print(f"egrm eval: {exc}", file=sys.stderr)
         return 2
@@ -165,7 +165,7 @@ def _train_grm(args: argparse.Namespace) -> int:
         limit=args.limit,
         threads=settings.threads,
         init=str(args.init) if args.init else None,
-        mix=Mix(short_share=args.short_share, wrong_own=args.wrong_own),
+        mix=Mix(short_share=args.short_share, wrong_own=args.wrong_own, mixed_share=args.mixed_share),
     )
     meta = train_grm(model_path(settings), args.out, config, progress=not args.quiet)
     print(json.dumps({"adapter": str(args.out), **{k: v for k, v in meta.items() if k != "config"}}))
@@ -213,7 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.set_defaults(func=_fetch_model)
     ev = sub.add_parser("eval", help="accuracy, routing and latency on a labelled set (routed, short, long)")
-    ev.add_argument("--data", default="builtin:arith", help="builtin:arith or a JSONL file (see README)")
+    ev.add_argument(
+        "--data", default="builtin:arith", help="builtin:arith, builtin:arith-mixed or a JSONL file (see README)"
+    )
+    ev.add_argument(
+        "--template",
+        choices=["verdict", "pairwise"],
+        default="verdict",
+        help="pairwise: each builtin item as a right-vs-wrong pair, asked in both orders",
+    )
     ev.add_argument("--split", default="test", help="builtin sets: train or test")
     ev.add_argument("--limit", type=int, help="at most this many items, each difficulty keeping its share")
     ev.add_argument("--m", type=int, default=5, help="answer-only samples per item")
@@ -250,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_train_scorer)
     grm = sub.add_parser(
         "train-grm",
-        help="LoRA-tune the model (EGRM_MODEL or the default) as a judge on builtin:arith train; writes an adapter",
+        help="LoRA-tune the model (EGRM_MODEL or default) as a judge on builtin:arith(-mixed) train; writes an adapter",
     )
     grm.add_argument("--out", type=Path, required=True, help="adapter folder (serve it with EGRM_ADAPTER=DIR)")
     grm.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget; the schedule fits it")
@@ -264,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     grm.add_argument("--short-share", type=_share, default=Mix().short_share, help="share of short-path sequences")
     grm.add_argument(
         "--wrong-own", type=_share, default=Mix().wrong_own, help="share of sequences whose own answer is a near miss"
+    )
+    grm.add_argument(
+        "--mixed-share",
+        type=_share,
+        default=Mix().mixed_share,
+        help="share of items from builtin:arith-mixed (the rest: builtin:arith)",
     )
     grm.add_argument("--quiet", action="store_true", help="no progress bar")
     grm.set_defaults(func=_train_grm)

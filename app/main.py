@@ -142,6 +142,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         try:
             yield
         finally:
+            await app.state.pipeline.close()
             await asyncio.to_thread(gpus.close)
             if owned:
                 await the_engine.close()

@@ -72,17 +72,36 @@ class RewardRequest(BaseModel):
     model: str | None = Field(None, description="Accepted for client compatibility; ignored.")
 
 
+RouteLiteral = Literal["short", "long", "reference"]
+
+
 class SampleOut(BaseModel):
-    text: str
-    answer: str | None
+    text: str = Field(description="The judge's own short answer to the question.")
     temperature: float
-    vote: str | None = Field(None, description="What the sample counted as: the judge's own answer and its verdict.")
+    vote: str | None = Field(
+        None, description="What it counted as in the consensus: its class of equivalent answers (null: none)."
+    )
 
 
 class CandidateOut(BaseModel):
     reasoning: str
-    answer: str | None
-    score: float
+    answer: str | None = Field(description="The result the reasoning reached (null: none readable).")
+    score: float = Field(description="The scorer's quality estimate; the candidates' weight in the vote.")
+    verdict: str | None = Field(None, description="Its Yes/No follow-up, where the judge's verdict decided.")
+
+
+class JudgementOut(BaseModel):
+    """One response judged (pairwise: one for A, one for B)."""
+
+    p: float = Field(description="The judge's probability that the response is right, in [0, 1].")
+    verdict: Literal["Yes", "No"]
+    verdict_by: Literal["equivalence", "judge", "reference"] = Field(
+        description="What decided: the judge's own answer against the response's, compared by math-verify "
+        "(equivalence); the judge's Yes/No follow-up, where either is not checkable (judge); or the item's "
+        "reference against the response's answer (reference)."
+    )
+    judge_answer: str | None = Field(description="The judge's answer the response was held against.")
+    response_answer: str | None = Field(description="The final answer read from the response (null: none).")
 
 
 class TimingsOut(BaseModel):
@@ -102,9 +121,17 @@ class Usage(BaseModel):
 class RewardResult(BaseModel):
     index: int
     id: str | None = None
-    reward: float | None = Field(description="In [0, 1]; null when the item has an error.")
-    answer: str | None
-    route: Literal["short", "long"] | None
+    reward: float | None = Field(
+        description="In [0, 1]; null when the item has an error. verdict and score: the judge's probability "
+        "that the response is right; pairwise: the probability that A is the better response."
+    )
+    answer: str | None = Field(description="verdict: Yes/No; score: 1..10; pairwise: A, B or tie.")
+    verdict: Literal["Yes", "No"] | None = Field(None, description="Whether the response is right (not pairwise).")
+    verdict_by: Literal["equivalence", "judge", "reference"] | None = Field(
+        None, description="What decided the verdict (see judgements)."
+    )
+    judgements: list[JudgementOut] = Field(default_factory=list, description="One per response (pairwise: A, B).")
+    route: RouteLiteral | None
     consensus: float = Field(description="The estimate routing used (options.consensus).")
     votes: dict[str, int] = Field(description="The samples' short answers and how many gave each.")
     exact_consensus: float | None = Field(

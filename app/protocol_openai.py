@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.protocol import CandidateOut, RewardOptions, SampleOut, TimingsOut
+from app.protocol import CandidateOut, JudgementOut, RewardOptions, RouteLiteral, SampleOut, TimingsOut
 
 
 class TextPart(BaseModel):
@@ -85,9 +85,12 @@ class ChatUsage(BaseModel):
 class EgrmJudgement(BaseModel):
     """What /v1/rewards returns for one item, less the index and id."""
 
-    reward: float = Field(description="In [0, 1].")
+    reward: float = Field(description="In [0, 1]: the judge's probability that the response is right.")
     answer: str
-    route: Literal["short", "long"]
+    verdict: Literal["Yes", "No"] | None = None
+    verdict_by: Literal["equivalence", "judge", "reference"] | None = None
+    judgements: list[JudgementOut] = Field(default_factory=list)
+    route: RouteLiteral
     consensus: float
     votes: dict[str, int]
     exact_consensus: float | None = None

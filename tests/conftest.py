@@ -14,6 +14,7 @@ from app.engines.embedded.fetch import fetch_model
 from app.engines.embedded.loader import LoadedModel, load_model
 from app.engines.remote.tokenizer import LocalTokenizer, load_tokenizer
 from app.main import judge_model_path
+from app.pipeline.verifier import MathVerifyChecker
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,6 +26,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("sglang") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def checker() -> Iterator[MathVerifyChecker]:
+    """One answer checker (math-verify in its worker process) for every pipeline a test builds."""
+    import asyncio
+
+    checker = MathVerifyChecker()
+    yield checker
+    asyncio.run(checker.close())
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from app.api.scoring import (
     score_items,
     served_model,
     timings_out,
+    verdict_fields,
 )
 from app.pipeline.types import ItemResult, JudgeItem
 from app.protocol import ErrorResponse, RewardOptions
@@ -118,6 +119,7 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
     return EgrmJudgement(
         reward=r.reward,
         answer=r.answer,
+        **verdict_fields(r),
         route=r.route.value,
         consensus=r.consensus,
         votes=r.votes,

@@ -15,6 +15,7 @@ from app.api.scoring import (
     score_items,
     served_model,
     timings_out,
+    verdict_fields,
 )
 from app.config import Settings
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions
@@ -46,6 +47,7 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         id=item.id,
         reward=r.reward,
         answer=r.answer,
+        **verdict_fields(r),
         route=r.route.value if r.route else None,
         consensus=r.consensus,
         votes=r.votes,

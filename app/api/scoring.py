@@ -18,7 +18,7 @@ from app.config import Settings, temperature_ladder
 from app.metrics import Metrics
 from app.pipeline.service import PromptTooLongError, RewardPipeline
 from app.pipeline.types import ConsensusMode, ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
-from app.protocol import CandidateOut, ErrorResponse, RewardOptions, SampleOut, TimingsOut
+from app.protocol import CandidateOut, ErrorResponse, JudgementOut, RewardOptions, SampleOut, TimingsOut
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 413, 422, 429, 500, 503, 504)
@@ -107,13 +107,36 @@ def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int],
 def samples_out(r: ItemResult) -> list[SampleOut] | None:
     if r.samples is None:
         return None
-    return [SampleOut(text=s.text, answer=s.answer, temperature=s.temperature, vote=s.vote) for s in r.samples]
+    return [SampleOut(text=s.text, temperature=s.temperature, vote=s.vote) for s in r.samples]
 
 
 def candidates_out(r: ItemResult) -> list[CandidateOut] | None:
     if r.candidates is None:
         return None
-    return [CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score) for c in r.candidates]
+    return [
+        CandidateOut(reasoning=c.reasoning, answer=c.answer, score=c.score, verdict=c.verdict) for c in r.candidates
+    ]
+
+
+def judgements_out(r: ItemResult) -> list[JudgementOut]:
+    return [
+        JudgementOut(
+            p=j.p,
+            verdict=j.verdict,
+            verdict_by=j.by.value,
+            judge_answer=j.judge_answer,
+            response_answer=j.response_answer,
+        )
+        for j in r.judgements
+    ]
+
+
+def verdict_fields(r: ItemResult) -> dict[str, Any]:
+    """The top-level verdict and what decided it, for templates that judge one response."""
+    if len(r.judgements) != 1:
+        return {"verdict": None, "verdict_by": None, "judgements": judgements_out(r)}
+    (j,) = r.judgements
+    return {"verdict": j.verdict, "verdict_by": j.by.value, "judgements": judgements_out(r)}
 
 
 def timings_out(r: ItemResult) -> TimingsOut:

@@ -71,6 +71,8 @@ class ModeRun:
     prompt_tokens: int
     completion_tokens: int
     candidates: list[str] = field(default_factory=list)  # long path: the reasoning texts
+    reward: float | None = None
+    verdict_by: str | None = None  # what decided (equivalence, judge, reference)
 
     @classmethod
     def of(cls, result: ItemResult) -> ModeRun:
@@ -81,6 +83,8 @@ class ModeRun:
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             candidates=[c.reasoning for c in result.candidates or []],
+            reward=result.reward,
+            verdict_by=result.judgements[0].by.value if result.judgements else None,
         )
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from app.evals.data import LabelledItem
 from app.evals.harness import ESTIMATORS, MODES, Estimate, EvalConfig, ItemOutcome, ModeRun
 from app.pipeline.types import Route
 
@@ -79,10 +81,16 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
         }
         for m in modes
     }
-    groups = sorted({o.item.difficulty for o in outcomes} - {""})
-    if groups:
-        by = {g: [o for o in outcomes if o.item.difficulty == g] for g in groups}
-        report["by_difficulty"] = {g: routing(group, config.tau) for g, group in by.items()}
+    report["reward_auc"] = {NAMES[m]: auc([o.runs[m].reward for o in outcomes], _gold(outcomes)) for m in modes}
+    report["score_auc"] = {NAMES[m]: auc([_score(o.runs[m].reward) for o in outcomes], _gold(outcomes)) for m in modes}
+    report["verdict_by"] = {
+        NAMES[m]: dict(Counter(o.runs[m].verdict_by for o in outcomes if o.runs[m].verdict_by)) for m in modes
+    }
+    for field, key in (("difficulty", "by_difficulty"), ("form", "by_question_form")):
+        groups = sorted({_group(o.item, field) for o in outcomes} - {""})
+        if groups:
+            by = {g: [o for o in outcomes if _group(o.item, field) == g] for g in groups}
+            report[key] = {g: routing(group, config.tau) for g, group in by.items()}
     report["calibration"] = calibration(outcomes, config.consensus)
     if "short" in modes and "long" in modes:
         report["tau_curve"] = tau_curve(outcomes, config.consensus)
@@ -90,6 +98,30 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
     if "long" in modes:
         report["diversity"] = diversity(outcomes)
     return report
+
+
+def _group(item: LabelledItem, field: str) -> str:
+    """An item's group: its difficulty, or whether its question form was seen in training."""
+    return item.difficulty if field == "difficulty" else item.form.partition("/")[0]
+
+
+def _gold(outcomes: Sequence[ItemOutcome]) -> list[bool]:
+    return [o.item.gold == "Yes" for o in outcomes]
+
+
+def _score(reward: float | None) -> float | None:
+    """The `score` template's 1..10 for a reward (the same judgement on a coarser scale)."""
+    return None if reward is None else float(1 + int(9 * reward + 0.5))
+
+
+def auc(values: Sequence[float | None], positive: Sequence[bool]) -> float | None:
+    """Area under the ROC curve: the chance a right response outscores a wrong one (ties: half)."""
+    pos = [v for v, p in zip(values, positive, strict=True) if p and v is not None]
+    neg = [v for v, p in zip(values, positive, strict=True) if not p and v is not None]
+    if not pos or not neg:
+        return None
+    wins = sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in pos for b in neg)
+    return round(wins / (len(pos) * len(neg)), 4)
 
 
 def _matches_forced(routed: ModeRun, outcome: ItemOutcome) -> bool:

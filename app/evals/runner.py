@@ -15,6 +15,7 @@ from tqdm import tqdm
 from app.config import MAX_M, Settings
 from app.evals.data import LabelledItem, load_dataset
 from app.evals.harness import MODES, STRATEGIES, EvalConfig, ItemOutcome, ModeRun, evaluate
+from app.evals.pairwise import evaluate_pairs
 from app.evals.report import summarise
 from app.pipeline.service import RewardPipeline
 from app.pipeline.types import Route
@@ -156,23 +157,31 @@ def main(
     sweep: str | None,
     plot: Path | None,
     as_json: bool,
+    template: str = "verdict",
 ) -> int:
     items = take(load_dataset(data, split), limit)
     parsed = Sweep.parse(sweep) if sweep else None
     if not set(config.modes) <= set(MODES):
         raise ValueError(f"--modes must be a subset of {MODES}")
+    if template == "pairwise" and (parsed is not None or plot is not None):
+        raise ValueError("--template pairwise reports pair accuracy alone: no --sweep, no --plot")
     pipeline = build_pipeline(Settings())
 
     async def go() -> dict[str, Any]:
         try:
+            if template == "pairwise":
+                with tqdm(total=len(items), desc="eval pairwise", file=sys.stderr, unit="pair") as bar:
+                    return await evaluate_pairs(pipeline, items, config, progress=lambda: bar.update(1))
             return await run(pipeline, items, config, parsed, plot)
         finally:
+            await pipeline.close()
             await pipeline.engine.close()
             await pipeline.scorer.close()
 
     report = asyncio.run(go())
     report = {"data": data, "split": split if data.startswith("builtin:") else None, **report}
-    print(table(report), file=sys.stderr)
+    if template != "pairwise":
+        print(table(report), file=sys.stderr)
     if as_json:
         print(json.dumps(report))
     return 0

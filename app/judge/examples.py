@@ -8,10 +8,13 @@ in a branch's context, so a sequence holds the pieces back to back and the label
 answer and after the reasoning is EOS, while the next input is what the pipeline appends.
 
 Two shapes, drawn per item: short (own answer, follow-up, verdict: it compares the response
-with the own answer) and long (own answer, reasoning, follow-up, verdict: it compares with the
-reasoning's result). Some own answers are wrong on purpose and not learnt (labels masked): on
-the long path every sample is continued, also the ones that computed wrongly, and the reasoning
-must compute afresh; on the short path the verdict must follow the answer it was given.
+with the own answer) and long (own answer, reasoning; sometimes then the follow-up and the
+verdict, which compares with the reasoning's result). The verifier decides wherever it can read
+the response's number, so the follow-up is trained mostly on responses it cannot read: numbers
+in words and non-answers (always "No"). Some own answers are wrong on purpose and not learnt
+(labels masked): on the long path every sample is continued, also the ones that computed
+wrongly, and the reasoning must compute afresh; on the short path the verdict must follow the
+answer it was given.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.evals.data import LabelledItem, near_miss, question_of
-from app.judge.targets import proposed_of, reasoning, verdict
-from app.pipeline.templates import JudgeTemplate
+from app.evals.phrasing import UNCHECKABLE_FORMS
+from app.judge.targets import own_answer, proposed_of, reasoning, verdict
+from app.pipeline.templates import JUDGE
 
 IGNORE = -100  # label of a position that carries no loss (torch's cross-entropy default)
 
@@ -66,13 +70,27 @@ def layout(segments: Sequence[Segment], eos_id: int) -> Example:
 
 @dataclass(frozen=True, slots=True)
 class Mix:
-    short_share: float = 0.35  # sequences of the short shape (no reasoning)
+    short_share: float = 0.25  # sequences of the short shape (own answer, then the Yes/No follow-up)
     wrong_own: float = 0.3  # sequences whose own answer is a near miss (not learnt)
+    verdict_share: float = 0.25  # long sequences that end with the Yes/No follow-up too
+    uncheckable: float = 0.5  # follow-ups whose response holds no number the verifier reads
+    mixed_share: float = 0.7  # items from builtin:arith-mixed's train split; the rest from builtin:arith's
+
+
+def followup_response(item: LabelledItem, rng: random.Random, mix: Mix) -> tuple[str, int | None]:
+    """The response a follow-up turn shows, and the number it gives (None: no answer). The verifier
+    decides wherever it reads a number, so the follow-up mostly meets the rest: numbers in words,
+    and no answer at all."""
+    question, proposed = question_of(item), proposed_of(item)
+    if rng.random() >= mix.uncheckable:
+        return item.response, proposed
+    form = rng.choice(UNCHECKABLE_FORMS)
+    text = form.write(question.a, question.op, question.b, proposed, "")
+    return text, proposed if form.name == "words" else None
 
 
 def example(
     item: LabelledItem,
-    template: JudgeTemplate,
     encode: Callable[[str], list[int]],
     render: Render,
     eos_id: int,
@@ -80,19 +98,24 @@ def example(
     mix: Mix,
 ) -> Example:
     """One builtin:arith item in the short or the long shape."""
-    question, proposed = question_of(item), proposed_of(item)
+    question = question_of(item)
     wrong = rng.random() < mix.wrong_own
     own = near_miss(question.value, rng) if wrong else question.value
     judge_item = item.judge_item()
     head = [
-        Segment(encode(render(template.messages(judge_item))), learn=False),
-        Segment(encode(str(own)), learn=not wrong, then_eos=True),
+        Segment(encode(render(JUDGE.messages(judge_item))), learn=False),
+        Segment(encode(own_answer(question, own)), learn=not wrong, then_eos=True),
     ]
-    followup = Segment(encode(template.followup_text(judge_item, render)), learn=False)
+    response, proposed = followup_response(item, rng, mix)
+    followup = Segment(encode(JUDGE.followup_text(judge_item, response, render)), learn=False)
     if rng.random() < mix.short_share:
-        return layout([*head, followup, Segment(encode(verdict(own, proposed)), learn=True)], eos_id)
+        said = verdict(own, proposed) if proposed is not None else "No"
+        return layout([*head, followup, Segment(encode(said), learn=True)], eos_id)
     work = [
-        Segment(encode(template.reasoning_cue), learn=False),
+        Segment(encode(JUDGE.reasoning_cue), learn=False),
         Segment(encode(reasoning(question)), learn=True, then_eos=True),
     ]
-    return layout([*head, *work, followup, Segment(encode(item.gold), learn=True)], eos_id)
+    if rng.random() >= mix.verdict_share:
+        return layout([*head, *work], eos_id)
+    said = verdict(question.value, proposed) if proposed is not None else "No"
+    return layout([*head, *work, followup, Segment(encode(said), learn=True)], eos_id)

@@ -22,9 +22,8 @@ import torch
 from tqdm import tqdm
 
 from app.engines.embedded.loader import resolve_dtype
-from app.evals.data import builtin_arith
+from app.evals.data import LabelledItem, builtin_arith
 from app.judge.examples import IGNORE, Example, Mix, example
-from app.pipeline.templates import TemplateName, get_template
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TRAINING_META = "training.json"
@@ -44,6 +43,12 @@ class GrmTrainConfig:
     limit: int | None = None  # at most this many training items (smoke runs)
     threads: int = 0
     init: str | None = None  # an adapter folder to continue training (its rank and alpha are kept)
+
+
+def training_items(mixed_share: float, rng: random.Random) -> list[LabelledItem]:
+    """The two train splits, drawn item by item in the given proportion (3,600 items in all)."""
+    mixed, plain = builtin_arith("train", mixed_forms=True), builtin_arith("train")
+    return [(mixed if rng.random() < mixed_share else plain)[i] for i in range(len(plain))]
 
 
 def _batches(examples: Sequence[Example], size: int, rng: random.Random) -> list[list[Example]]:
@@ -110,7 +115,6 @@ def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = Tr
         )
         model = get_peft_model(model, lora)  # type: ignore[assignment]
 
-    template = get_template(TemplateName.VERDICT)
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
 
@@ -120,8 +124,8 @@ def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = Tr
     def render(messages: list[dict[str, str]]) -> str:
         return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
-    items = builtin_arith("train")[: config.limit]
-    examples = [example(item, template, encode, render, eos_id, rng, config.mix) for item in items]
+    items = training_items(config.mix.mixed_share, rng)[: config.limit]
+    examples = [example(item, encode, render, eos_id, rng, config.mix) for item in items]
     batches = _batches(examples, config.batch_size, rng)
     planned = math.ceil(len(batches) * config.epochs)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -1,9 +1,22 @@
-"""Judge templates: what the judge is asked, which answers it may give, what each is worth."""
+"""What the judge is asked (one solve-first prompt), and how each template presents its judgement.
+
+The judge answers the question itself before it sees any response: its M short answers are its
+own result ("364"), so they agree when it can compute the result in one go and scatter when it
+cannot, and consensus is taken over what it computed. A small judge shown the response first
+copies its number (measured: the untuned and a tuned 135M judge said Yes to every near miss),
+and its samples agree whatever the truth. The response enters only afterwards: compared with the
+judge's answer by a verifier where both can be read as math, otherwise shown in a follow-up turn
+that asks for a Yes/No verdict.
+
+Every template rests on that one judgement, the probability p that a response is right:
+`verdict` answers Yes/No with reward p; `score` maps p to 1..10; `pairwise` judges both
+responses the same way (no order, so no position bias) and rewards P(A is the better one).
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -16,120 +29,100 @@ class TemplateName(str, Enum):
     PAIRWISE = "pairwise"
 
 
-@dataclass(frozen=True, slots=True)
-class JudgeTemplate:
-    name: TemplateName
-    system: str
-    question: str  # the last line of the user turn: what to answer, in which form
-    answers: tuple[str, ...]  # the allowed, canonical answers
-    pattern: re.Pattern[str]  # finds an answer in free text (engines without constraints)
-    reward_of: Callable[[str], float]  # canonical answer -> reward in [0, 1]
-    needs_response_b: bool = False
-    # Solve first: the judge answers the question itself before it sees the response (the short
-    # answer is free text ending at EOS, and the M samples vote on it), then the response comes in
-    # a follow-up turn that asks for the verdict. Seeing the response first, a small judge copies
-    # its number (measured: every near miss copied); blind, its samples agree when it can compute
-    # the answer and scatter when it cannot, so consensus is taken over what it computed.
-    solve_first: bool = False
-    verdict_question: str = ""  # solve first: the follow-up turn's question, after the response
-    # Room for the longest short answer: "10" and a leading space; or the judge's own answer.
-    answer_tokens: int = 4
-    # Long path: what follows the short answer to start reasoning, and what asks for the final one
-    # (solve first: the follow-up turn instead).
-    reasoning_cue: str = "\nLet me check step by step.\n"
-    final_cue: str = "\nFinal answer:"
+Message = dict[str, str]
+Render = Callable[[list[Message]], str]
 
-    def user_message(self, item: JudgeItem) -> str:
+
+@dataclass(frozen=True, slots=True)
+class JudgePrompt:
+    system: str
+    question: str  # the last line of the user turn: answer it yourself
+    verdict_question: str  # the follow-up turn's question, after the response
+    reasoning_cue: str  # long path: what follows the short answer to start reasoning
+    verdicts: tuple[str, str] = ("Yes", "No")
+    answer_tokens: int = 16  # room for the judge's own short answer
+
+    def messages(self, item: JudgeItem) -> list[Message]:
         parts = [f"Question:\n{item.prompt}"]
-        if self.needs_response_b:
-            parts += [f"Response A:\n{item.response}", f"Response B:\n{item.response_b}"]
-        elif not self.solve_first:
-            parts.append(f"Response:\n{item.response}")
         if item.reference:
             parts.append(f"Reference answer:\n{item.reference}")
         parts.append(self.question)
-        return "\n\n".join(parts)
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": "\n\n".join(parts)}]
 
-    def messages(self, item: JudgeItem) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user_message(item)}]
+    def followup(self, response: str) -> str:
+        """The turn that shows the response and asks for the verdict."""
+        return f"Response:\n{response}\n\n{self.verdict_question}"
 
-    def followup(self, item: JudgeItem) -> str:
-        """Solve first: the turn that shows the response and asks for the verdict."""
-        return f"Response:\n{item.response}\n\n{self.verdict_question}"
-
-    def conversation(self, item: JudgeItem, own_answer: str) -> list[dict[str, str]]:
-        """Solve first: the whole exchange up to the verdict (how the follow-up is rendered)."""
+    def conversation(self, item: JudgeItem, own_answer: str, response: str) -> list[Message]:
+        """The whole exchange up to the verdict (how the follow-up turn is rendered)."""
         return [
             *self.messages(item),
             {"role": "assistant", "content": own_answer},
-            {"role": "user", "content": self.followup(item)},
+            {"role": "user", "content": self.followup(response)},
         ]
 
-    def followup_text(self, item: JudgeItem, render: Callable[[list[dict[str, str]]], str]) -> str:
-        """Solve first: the text that closes the judge's own answer and asks for its verdict, in the
-        model's chat format (`render` is the engine's chat template, applied around a marker)."""
-        _, found, tail = render(self.conversation(item, _MARK)).partition(_MARK)
+    def followup_text(self, item: JudgeItem, response: str, render: Render) -> str:
+        """The text that closes the judge's own answer and asks for its verdict, in the model's chat
+        format (`render` is the engine's chat template, applied around a marker)."""
+        _, found, tail = render(self.conversation(item, _MARK, response)).partition(_MARK)
         if not found:
             raise ValueError("the chat template dropped the judge's own answer from the conversation")
         return tail
 
-    def extract(self, text: str) -> str | None:
-        """The canonical answer in a sample's text, or None when it holds none."""
-        match = self.pattern.search(text)
-        if match is None:
-            return None
-        found = match.group(1).casefold()
-        return next(a for a in self.answers if a.casefold() == found)
-
-    def vote(self, text: str) -> str | None:
-        """What a short answer votes for: the canonical answer; solve first, the judge's own
-        answer, normalised (spacing, case, closing punctuation); None when there is none."""
-        if not self.solve_first:
-            return self.extract(text)
-        own = " ".join(text.split()).rstrip(" .,:;!").casefold()
-        return own or None
-
-    def reward(self, answer: str) -> float:
-        return self.reward_of(answer)
+    def verdict_of(self, text: str) -> str | None:
+        """The verdict a Yes/No answer holds: its first Yes or No (an engine without constrained
+        answers may write more around it)."""
+        found = _VERDICT.search(text)
+        return found.group(1).capitalize() if found else None
 
 
 _MARK = "\u241f"  # stands in for the judge's own answer while the follow-up turn is rendered
+_VERDICT = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
-_SCORES = tuple(str(s) for s in range(1, 11))
+JUDGE = JudgePrompt(
+    system="You are a strict judge. Answer the question yourself first; then judge the response you are shown.",
+    question="Answer the question yourself first, briefly.",
+    verdict_question="Is the response correct? Answer Yes or No.",
+    reasoning_cue="\nLet me check step by step.\n",
+)
 
-TEMPLATES: dict[TemplateName, JudgeTemplate] = {
-    TemplateName.VERDICT: JudgeTemplate(
-        name=TemplateName.VERDICT,
-        system="You are a strict judge. Answer the question yourself first; then judge the response you are shown.",
-        question="Answer the question yourself first, briefly.",
-        answers=("Yes", "No"),
-        pattern=re.compile(r"\b(yes|no)\b", re.IGNORECASE),
-        reward_of=lambda a: 1.0 if a == "Yes" else 0.0,
-        solve_first=True,
-        verdict_question="Is the response correct? Answer Yes or No.",
-        answer_tokens=16,
-    ),
-    TemplateName.SCORE: JudgeTemplate(
-        name=TemplateName.SCORE,
-        system="You are a strict judge. Rate how well the response answers the question.",
-        question="Rate the response from 1 (worst) to 10 (best). Answer with the number only.",
-        answers=_SCORES,
-        # 10 before 1..9, so "10" is not read as "1"; no digit may follow the number.
-        pattern=re.compile(r"(?<!\d)(10|[1-9])(?!\d)"),
-        reward_of=lambda a: (int(a) - 1) / 9,
-    ),
-    TemplateName.PAIRWISE: JudgeTemplate(
-        name=TemplateName.PAIRWISE,
-        system="You are a strict judge. Decide which of two responses answers the question better.",
-        question="Which response is better? Answer A or B.",
-        answers=("A", "B"),
-        # Upper case only: a lower-case "a" is an article, not a choice.
-        pattern=re.compile(r"\b([AB])\b"),
-        reward_of=lambda a: 1.0 if a == "A" else 0.0,
-        needs_response_b=True,
-    ),
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """How a judgement is presented: the answer shown and the reward, from p per response."""
+
+    name: TemplateName
+    answers: tuple[str, ...]
+    present: Callable[[Sequence[float], Sequence[bool]], tuple[str, float]]  # (p, verdict) per response
+    responses: int = 1  # how many responses an item holds
+
+    @property
+    def needs_response_b(self) -> bool:
+        return self.responses == 2
+
+
+def _verdict(p: Sequence[float], right: Sequence[bool]) -> tuple[str, float]:
+    return ("Yes" if right[0] else "No"), p[0]
+
+
+def _score(p: Sequence[float], right: Sequence[bool]) -> tuple[str, float]:
+    """1..10, linear in p: a calibrated probability mapped onto the scale people read."""
+    return str(1 + int(9 * p[0] + 0.5)), p[0]  # halves round up
+
+
+def _pairwise(p: Sequence[float], right: Sequence[bool]) -> tuple[str, float]:
+    """A, B or tie, by each response's own probability of being right; reward = P(A better),
+    taken as 0.5 + (p_A - p_B) / 2 (1 when A is surely right and B surely wrong)."""
+    answer = "A" if p[0] > p[1] else "B" if p[1] > p[0] else "tie"
+    return answer, 0.5 + (p[0] - p[1]) / 2
+
+
+TEMPLATES: dict[TemplateName, Template] = {
+    TemplateName.VERDICT: Template(TemplateName.VERDICT, ("Yes", "No"), _verdict),
+    TemplateName.SCORE: Template(TemplateName.SCORE, tuple(str(s) for s in range(1, 11)), _score),
+    TemplateName.PAIRWISE: Template(TemplateName.PAIRWISE, ("A", "B", "tie"), _pairwise, responses=2),
 }
 
 
-def get_template(name: str | TemplateName) -> JudgeTemplate:
+def get_template(name: str | TemplateName) -> Template:
     return TEMPLATES[TemplateName(name)]

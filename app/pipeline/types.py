@@ -9,6 +9,15 @@ from enum import Enum
 class Route(str, Enum):
     SHORT = "short"
     LONG = "long"
+    REFERENCE = "reference"  # the item's reference decided, by the verifier: no model call
+
+
+class VerdictBy(str, Enum):
+    """What decided whether a response is right."""
+
+    EQUIVALENCE = "equivalence"  # the judge's own answer and the response's, compared by the verifier
+    JUDGE = "judge"  # the judge's Yes/No follow-up (the response, or its answer, is not checkable)
+    REFERENCE = "reference"  # the item's reference and the response's answer, by the verifier
 
 
 class PathMode(str, Enum):
@@ -55,14 +64,28 @@ class JudgeOptions:
         return len(self.temperatures)
 
 
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """One response judged: the probability that it is right, the verdict, and what decided it."""
+
+    p: float  # the judge's probability that the response is right, in [0, 1]
+    right: bool  # the verdict
+    by: VerdictBy
+    judge_answer: str | None = None  # the judge's answer it was held against (a class of equivalent answers)
+    response_answer: str | None = None  # the final answer read from the response; None: none readable
+
+    @property
+    def verdict(self) -> str:
+        return "Yes" if self.right else "No"
+
+
 @dataclass(slots=True)
 class Sample:
-    """One answer-only branch as the client sees it."""
+    """One answer-only branch as the client sees it: the judge's own short answer."""
 
     text: str
-    answer: str | None  # the answer it chose; None for a judge's own answer (solve first)
     temperature: float
-    vote: str | None = None  # what it counted as in the consensus
+    vote: str | None = None  # what it counted as in the consensus (its class of equivalent answers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +94,19 @@ class ExactConsensus:
     short answer, read from one greedy branch. With M samples and tau=0.8 a judge that is exactly
     50/50 still shows >= 4/5 agreement 37.5% of the time; this estimate shows 0.5."""
 
-    vote: str | None  # the greedy short answer (the mode, where greedy finds it)
+    vote: str | None  # the greedy short answer's class (the mode, where greedy finds it)
     probability: float
-    answer: str | None = None  # the short path's answer from it, when it was asked for
+    answer: str | None = None  # the short path's verdict from it, when it was asked for
 
 
 @dataclass(slots=True)
 class ScoredCandidate:
-    """One long-path candidate: its reasoning, final answer and scorer score."""
+    """One long-path candidate: its reasoning, the result it reached, and its scorer score."""
 
     reasoning: str
-    answer: str | None
+    answer: str | None  # the result its reasoning reached (a class of equivalent answers)
     score: float
+    verdict: str | None = None  # its Yes/No follow-up, where the judge's verdict decided
 
 
 @dataclass(slots=True)
@@ -108,12 +132,13 @@ class Timings:
 @dataclass(slots=True)
 class ItemResult:
     reward: float | None
-    answer: str | None
+    answer: str | None  # the template's answer: Yes/No, 1..10, A/B/tie
     route: Route | None
     consensus: float  # the estimate routing used (sampled or exact)
     votes: dict[str, int]
+    judgements: list[Judgement] = field(default_factory=list)  # one per response (pairwise: A, B)
     exact: ExactConsensus | None = None
-    majority_answer: str | None = None  # the short path's answer from the vote, when it was asked for
+    majority_answer: str | None = None  # the short path's verdict from the vote, when it was asked for
     samples: list[Sample] | None = None
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False

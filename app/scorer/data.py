@@ -1,8 +1,9 @@
 """Scorer training data: the judge's own long-path candidates on items with exact labels.
 
 Each item runs the real long path once; a capturing scorer records the candidates exactly as a
-scorer receives them in production. A candidate's quality q is 1 when its final answer is the
-gold one, else 0; preference pairs (r+, r-) are a right and a wrong candidate of the same item.
+scorer receives them in production. A candidate's quality q is 1 when the result its reasoning
+reached is the question's true result, else 0; preference pairs (r+, r-) are a right and a
+wrong candidate of the same item.
 One JSON line per item; writing appends and skips ids already there, so a stopped run resumes.
 """
 
@@ -42,11 +43,17 @@ class CapturingScorer:
 class LabelledCandidates:
     id: str
     difficulty: str
-    gold: str
+    gold: str  # the item's verdict
     candidates: list[Candidate]
+    truth: str | None = None  # the question's result, as the verifier writes it ("2756")
+
+    @property
+    def target(self) -> str:
+        """The right answer for a candidate: the true result (older files: the gold verdict)."""
+        return self.truth if self.truth is not None else self.gold
 
     def quality(self) -> list[float]:
-        return [1.0 if c.answer == self.gold else 0.0 for c in self.candidates]
+        return [1.0 if c.answer == self.target else 0.0 for c in self.candidates]
 
     def pairs(self) -> Iterator[tuple[int, int]]:
         """(better, worse) index pairs: every right candidate against every wrong one."""
@@ -54,13 +61,14 @@ class LabelledCandidates:
         return ((i, j) for i, qi in enumerate(q) for j, qj in enumerate(q) if qi > qj)
 
     def to_json(self) -> str:
-        body = {"id": self.id, "difficulty": self.difficulty, "gold": self.gold}
+        body = {"id": self.id, "difficulty": self.difficulty, "gold": self.gold, "truth": self.truth}
         return json.dumps({**body, "candidates": [asdict(c) for c in self.candidates]})
 
     @classmethod
     def from_json(cls, line: str) -> LabelledCandidates:
         raw = json.loads(line)
-        return cls(raw["id"], raw["difficulty"], raw["gold"], [Candidate(**c) for c in raw["candidates"]])
+        candidates = [Candidate(**c) for c in raw["candidates"]]
+        return cls(raw["id"], raw["difficulty"], raw["gold"], candidates, raw.get("truth"))
 
 
 def read(path: Path) -> list[LabelledCandidates]:
@@ -92,7 +100,7 @@ async def generate(
     if options.path is not PathMode.LONG:
         raise ValueError("scorer data comes from the long path")
     capture = CapturingScorer(pipeline.scorer)
-    runner = RewardPipeline(pipeline.engine, capture)
+    runner = RewardPipeline(pipeline.engine, capture, pipeline.checker)
     skip = done_ids(out)
     written = 0
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +111,9 @@ async def generate(
                 continue
             seeded = replace(options, seed=(options.seed or 0) + 10_000 * index)
             await runner.score_item(item.judge_item(), seeded)
-            sink.write(LabelledCandidates(item.id, item.difficulty, item.gold, capture.last).to_json() + "\n")
+            truth = None if item.truth is None else str(item.truth)
+            labelled = LabelledCandidates(item.id, item.difficulty, item.gold, capture.last, truth)
+            sink.write(labelled.to_json() + "\n")
             sink.flush()
             os.fsync(sink.fileno())
             written += 1
@@ -112,7 +122,7 @@ async def generate(
 
 
 def make_data(out_dir: Path, train: int, test: int, long_max_tokens: int, seed: int) -> dict[str, int]:
-    """`egrm make-scorer-data`: builtin:arith train items -> train.jsonl, test items -> test.jsonl."""
+    """`egrm make-scorer-data`: builtin:arith-mixed train items -> train.jsonl, test items -> test.jsonl."""
     import asyncio
     import sys
 
@@ -138,12 +148,13 @@ def make_data(out_dir: Path, train: int, test: int, long_max_tokens: int, seed: 
     async def go() -> None:
         try:
             for split, n in (("test", test), ("train", train)):
-                items = take(builtin_arith(split), n)
+                items = take(builtin_arith(split, mixed_forms=True), n)
                 with tqdm(total=len(items), desc=f"scorer data {split}", file=sys.stderr, unit="item") as bar:
                     out = out_dir / f"{split}.jsonl"
                     await generate(pipeline, items, options, out, progress=lambda: bar.update(1))
                     counts[split] = len(read(out))
         finally:
+            await pipeline.close()
             await pipeline.engine.close()
 
     asyncio.run(go())

@@ -115,19 +115,18 @@ def pairwise_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> fl
 
 
 def pick_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
-    """Share of items whose best-scored candidate (the first on a tie) gives the gold answer:
-    what the long path returns."""
+    """Share of items whose best-scored candidate (the first on a tie) reached the right answer."""
     picks = []
     for item in items:
         s = score(item.candidates)
-        picks.append(item.candidates[max(range(len(s)), key=s.__getitem__)].answer == item.gold)
+        picks.append(item.candidates[max(range(len(s)), key=s.__getitem__)].answer == item.target)
     return statistics.fmean(picks) if picks else float("nan")
 
 
 def vote_accuracy(items: Sequence[LabelledCandidates]) -> float:
-    """Share of items whose candidates' majority answer is the gold one: the long path without a
+    """Share of items whose candidates' majority answer is the right one: the long path without a
     scorer (what it falls back to when the scorer fails)."""
-    return statistics.fmean(tally([c.answer for c in item.candidates]).majority == item.gold for item in items)
+    return statistics.fmean(tally([c.answer for c in item.candidates]).majority == item.target for item in items)
 
 
 def mae(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:

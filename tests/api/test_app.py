@@ -7,7 +7,6 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.main import create_app
-from app.pipeline.templates import get_template
 
 pytestmark = pytest.mark.slow
 
@@ -72,24 +71,26 @@ def test_short_path_result(client):
     data = r.json()
     (result,) = data["results"]
     assert result["id"] == "q1" and result["route"] == "short" and result["index"] == 0
-    assert sum(result["votes"].values()) == 5 and result["answer"] in ("Yes", "No")
-    assert result["reward"] == (1.0 if result["answer"] == "Yes" else 0.0)
-    assert result["consensus"] == max(result["votes"].values()) / 5
+    assert sum(result["votes"].values()) == 5 and result["consensus"] == max(result["votes"].values()) / 5
     assert [s["temperature"] for s in result["samples"]] == [0.6, 0.7, 0.8, 0.9, 1.0]
-    # Solve first: each sample votes for the judge's own answer ("4"), which is not a verdict;
-    # the votes count them, and the verdict is read once, after the majority's answer.
+    # Solve first: each sample is the judge's own answer, and votes for its class of equal answers.
     assert sorted(s["vote"] for s in result["samples"]) == sorted(
         v for v, n in result["votes"].items() for _ in range(n)
     )
-    verdict = get_template("verdict")
-    assert all(s["answer"] is None and s["vote"] == verdict.vote(s["text"]) for s in result["samples"])
+    # "4" reads as a number on both sides, so the verifier decided: the share of samples equal to it.
+    (judgement,) = result["judgements"]
+    assert result["verdict_by"] == judgement["verdict_by"] == "equivalence"
+    assert judgement["response_answer"] == "4" and judgement["judge_answer"] == max(
+        result["votes"], key=result["votes"].get
+    )
+    assert result["reward"] == pytest.approx(result["votes"].get("4", 0) / 5) == judgement["p"]
+    assert result["answer"] == result["verdict"] == ("Yes" if judgement["judge_answer"] == "4" else "No")
     assert result["candidates"] is None and result["exact_consensus"] is None
     usage = data["usage"]
-    # Six rows (five samples, then the verdict's follow-up turn) over one prefill of the prompt:
-    # computed is that prefill plus the follow-up turn, far below five prefills.
+    # Five rows over one prefill of the prompt, and no follow-up turn (the verifier decided).
     computed = usage["prompt_tokens"] - usage["cached_prompt_tokens"]
-    assert 0 < computed < 2 * usage["prompt_tokens"] // 6
-    assert 6 <= usage["completion_tokens"] <= 5 * 16 + 1
+    assert 0 < computed < 2 * usage["prompt_tokens"] // 5
+    assert 5 <= usage["completion_tokens"] <= 5 * 16
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
@@ -104,10 +105,25 @@ def test_long_path_result(client):
     body = {"items": [ITEM], "options": {"path": "long", "m": 3, "seed": 2, "template": "score"}}
     (result,) = post(client, body).json()["results"]
     assert result["route"] == "long" and len(result["candidates"]) == 3
-    best = max(result["candidates"], key=lambda c: c["score"])
-    assert result["answer"] == best["answer"] and result["answer"] in [str(i) for i in range(1, 11)]
-    assert result["reward"] == pytest.approx((int(result["answer"]) - 1) / 9)
+    (judgement,) = result["judgements"]
+    weight = {}
+    for c in result["candidates"]:
+        if c["answer"] is not None:
+            weight[c["answer"]] = weight.get(c["answer"], 0) + max(c["score"], 0)
+    # The score is the same judgement on a 1..10 scale: p from the candidates' score-weighted vote.
+    assert judgement["judge_answer"] == max(weight, key=weight.get)
+    assert result["reward"] == pytest.approx(weight.get("4", 0) / sum(weight.values()))
+    assert result["answer"] == str(1 + int(9 * result["reward"] + 0.5))
     assert result["timings"]["reasoning_ms"] > 0 and result["timings"]["total_ms"] >= result["timings"]["sample_ms"]
+
+
+def test_pairwise_result(client):
+    body = {"items": [{**ITEM, "response_b": "5"}], "options": {"path": "short", "seed": 3, "template": "pairwise"}}
+    (result,) = post(client, body).json()["results"]
+    a, b = result["judgements"]
+    assert (a["response_answer"], b["response_answer"]) == ("4", "5") and result["verdict"] is None
+    assert result["reward"] == pytest.approx(0.5 + (a["p"] - b["p"]) / 2)
+    assert result["answer"] == ("A" if a["p"] > b["p"] else "B" if b["p"] > a["p"] else "tie")
 
 
 def test_auto_routing_follows_tau(client):

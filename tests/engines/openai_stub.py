@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.engines.remote.tokenizer import LocalTokenizer
-from tests.engines.sglang_stub import REASONING, AnswerScript, unanimous
+from tests.engines.sglang_stub import REASONING, AnswerScript, reasoning_follows, unanimous
 
 _BLOCK = 16
 
@@ -78,7 +78,7 @@ class StubOpenAI:
         self._cache.append(tuple(ids))
         choices, completion = [], 0
         for i in range(body.get("n", 1)):
-            text, out, finish = self._decode(i, body)
+            text, out, finish = self._decode(i, body, reasoning_follows(self.tok, ids))
             completion += len(out)
             choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish, "stop_reason": None}
             choice["logprobs"] = _logprobs(self.tok, out) if body.get("logprobs") is not None else None
@@ -98,23 +98,25 @@ class StubOpenAI:
             "usage": usage,
         }
 
-    def _decode(self, i: int, body: dict[str, Any]) -> tuple[str, list[int], str]:
+    def _decode(self, i: int, body: dict[str, Any], reasoning: bool) -> tuple[str, list[int], str]:
         limit = body.get("max_tokens", 16)
         regex = (body.get("structured_outputs") or {}).get("regex") or body.get("guided_regex")
-        if regex is not None or not body.get("stop"):  # an answer; free text without a constraint
+        if not reasoning:
             text = self.answers(self._answered, body)
             self._answered += 1
             if regex is not None and not re.fullmatch(regex, text):
                 raise AssertionError(f"test script answer {text!r} does not match {regex!r}")
             return text, self.tok.encode(text), "stop"
-        for stop in body["stop"]:
+        for stop in body.get("stop") or []:
             if stop in REASONING:  # the text ends before the stop string
                 text = REASONING[: REASONING.index(stop)]
                 out = self.tok.encode(text)
                 if len(out) <= limit:
                     return text, out, "stop"
-        out = self.tok.encode(REASONING)[:limit]
-        return self.tok.decode(out), out, "length"
+        out = self.tok.encode(REASONING)
+        if len(out) < limit:  # the end of turn comes next
+            return REASONING, out, "stop"
+        return self.tok.decode(out[:limit]), out[:limit], "length"
 
 
 def _logprobs(tok: LocalTokenizer, out: list[int]) -> dict[str, Any]:

@@ -34,21 +34,34 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.engines.remote.tokenizer import LocalTokenizer
+from app.pipeline.templates import JUDGE
 
 # The GenerateReqInput and SamplingParams fields this stub understands; anything else is refused,
 # as the real runtime refuses fields it does not know.
 _REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid", "stream"}
 _SAMPLING_FIELDS = {"temperature", "top_p", "max_new_tokens", "stop", "regex", "sampling_seed", "ignore_eos"}
 
-REASONING = " The response gives 42, and 12 + 30 = 42, so it is right.\nFinal answer: Yes"
+# What a branch continued with the reasoning cue writes: working that ends on its result.
+REASONING = "12+30=10+30+2+0=40+2=42."
 
 # (index in the batch, sampling params) -> the answer text of a branch that is not reasoning: a
-# regex-constrained one, or a free short answer (no stop string; the solve-first judge's own answer).
+# regex-constrained one (a verdict), or a free short answer (the solve-first judge's own answer).
 AnswerScript = Callable[[int, dict[str, Any]], str]
 
 
-def unanimous(answer: str = " Yes") -> AnswerScript:
-    return lambda i, params: answer
+def unanimous(answer: str = "42", verdict: str = " Yes") -> AnswerScript:
+    """Every branch gives `answer`; one constrained to the verdicts (a regex) gives `verdict`."""
+    return lambda i, params: verdict if _constrained(params) else answer
+
+
+def _constrained(params: dict[str, Any]) -> bool:
+    """A regex-constrained request: SGLang's regex, vLLM's structured outputs or guided_regex."""
+    return any(params.get(k) for k in ("regex", "structured_outputs", "guided_regex"))
+
+
+def reasoning_follows(tok: LocalTokenizer, prompt: list[int]) -> bool:
+    """Whether the prompt ends with the reasoning cue: the long path asks this branch to reason."""
+    return tok.decode(prompt).endswith(JUDGE.reasoning_cue)
 
 
 def split(*answers: str) -> AnswerScript:
@@ -135,7 +148,7 @@ class StubRuntime:
         context = self.tok.context_length or 1 << 30
         if len(prompt) + sp.get("max_new_tokens", 128) > context:
             raise ValueError(f"The input ({len(prompt)} tokens) is longer than the model's context length")
-        text, out_ids, reason = self._decode(i, sp)
+        text, out_ids, reason = self._decode(i, sp, reasoning_follows(self.tok, prompt))
         cap = len(prompt) - 1
         if logprob and start >= 0:
             cap = min(cap, start)
@@ -158,12 +171,12 @@ class StubRuntime:
             meta["output_token_logprobs_length"] = len(out_ids)
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
-    def _decode(self, i: int, sp: dict[str, Any]) -> tuple[str, list[int], dict[str, Any]]:
+    def _decode(self, i: int, sp: dict[str, Any], reasoning: bool) -> tuple[str, list[int], dict[str, Any]]:
         limit = sp.get("max_new_tokens", 128)
         eos = min(self.tok.eos_ids)
         if limit == 0:
             return "", [], {"type": "length", "length": 0}
-        if sp.get("regex") is not None or not sp.get("stop"):  # an answer; free text without a constraint
+        if not reasoning:
             answer = self.answers(i, sp)
             if sp.get("regex") is not None and not re.fullmatch(sp["regex"], answer):
                 raise AssertionError(f"test script answer {answer!r} does not match {sp['regex']!r}")

@@ -10,12 +10,12 @@ import pytest
 from app.engines.base import BackendRejectedError, BranchParams, EngineBusyError, EngineUnavailableError
 from app.engines.openai import OpenAIEngine
 from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import get_template
+from app.pipeline.templates import JUDGE
 from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
 from app.scorer.heuristic import HeuristicScorer
 from loadtest.serverproc import free_port
 from tests.engines.openai_stub import StubOpenAI
-from tests.engines.sglang_stub import split
+from tests.engines.sglang_stub import split, unanimous
 from tests.engines.stubserver import serve
 
 LADDER = [0.6, 0.7, 0.8, 0.9, 1.0]
@@ -49,15 +49,16 @@ def answer_params(temperatures=LADDER, seed: int | None = 7) -> list[BranchParam
 
 def options(**kw) -> JudgeOptions:
     base = dict(temperatures=LADDER, top_p=0.95, tau=0.8, path=PathMode.AUTO, template="verdict", seed=3)
-    return JudgeOptions(**{**base, "long_max_tokens": 24, **kw})
+    return JudgeOptions(**{**base, "long_max_tokens": 48, **kw})
 
 
 def prompt_ids(tok) -> list[int]:
-    return tok.encode(tok.render_chat(get_template("verdict").messages(ITEM)))
+    return tok.encode(tok.render_chat(JUDGE.messages(ITEM)))
 
 
 def test_each_temperature_is_its_own_call_with_standard_fields_only(server, tok):
     stub, url = server
+    stub.answers = unanimous(" Yes", " Yes")  # the plain dialect sends no regex: the text is read
     ids = prompt_ids(tok)
     branches = run(url, tok, lambda e: e.sample(ids, answer_params()))
     assert len(stub.requests) == 5
@@ -111,23 +112,29 @@ def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, fiel
     assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit
 
 
-def test_pipeline_short_and_long_path_through_an_openai_server(server, tok):
+def test_pipeline_short_and_long_path_through_an_openai_server(server, tok, checker):
     stub, url = server
-    short = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options()))
+
+    def pipeline(engine):
+        return RewardPipeline(engine, HeuristicScorer(), checker)
+
+    short = run(url, tok, lambda e: pipeline(e).score_item(ITEM, options()))
     assert short.route is Route.SHORT and short.answer == "Yes" and short.reward == 1.0
-    stub.answers = split(" Yes", " No")
+    stub.answers = split("42", "41")
     stub.requests.clear()
-    long = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options()))
+    long = run(url, tok, lambda e: pipeline(e).score_item(ITEM, options()))
     assert long.route is Route.LONG and long.error is None and len(long.candidates) == 5
-    assert all(c.answer in ("Yes", "No") for c in long.candidates)
-    assert len(stub.requests) == 15  # 5 answers, 5 reasoning continuations, 5 final answers
-    reasoning = [r for r in stub.requests if r.get("stop")]
+    assert [c.answer for c in long.candidates] == ["42"] * 5 and long.reward == 1.0
+    assert len(stub.requests) == 10  # 5 answers, 5 reasoning continuations; the verifier did the rest
+    cue = tok.encode(JUDGE.reasoning_cue)
+    reasoning = [r for r in stub.requests if r["prompt"][-len(cue) :] == cue]
     assert len(reasoning) == 5 and all(r["prompt"][: len(prompt_ids(tok))] == prompt_ids(tok) for r in reasoning)
 
 
 def test_api_key_is_sent_and_a_wrong_one_is_unavailable_without_echoing_it(server, tok):
     stub, url = server
     stub.api_key = "right-key"
+    stub.answers = unanimous(" Yes", " Yes")
     (ok,) = run(url, tok, lambda e: e.sample([1, 2, 3], answer_params()[:1]), api_key="right-key")
     assert ok.text == " Yes"
 

@@ -13,11 +13,11 @@ from app.engines.base import BackendRejectedError, BranchParams, EngineUnavailab
 from app.engines.remote.answers import answers_regex
 from app.engines.sglang import SGLangEngine
 from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import get_template
-from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
+from app.pipeline.templates import JUDGE
+from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
 from app.scorer.heuristic import HeuristicScorer
 from loadtest.serverproc import free_port
-from tests.engines.sglang_stub import StubRuntime, split
+from tests.engines.sglang_stub import REASONING, StubRuntime, split, unanimous
 from tests.engines.stubserver import serve
 
 LADDER = [0.6, 0.7, 0.8, 0.9, 1.0]
@@ -55,7 +55,7 @@ def answer_params(seed: int | None = 7) -> list[BranchParams]:
 
 def options(**kw) -> JudgeOptions:
     base = dict(
-        temperatures=LADDER, top_p=0.95, tau=0.8, path=PathMode.AUTO, template="verdict", seed=3, long_max_tokens=24
+        temperatures=LADDER, top_p=0.95, tau=0.8, path=PathMode.AUTO, template="verdict", seed=3, long_max_tokens=48
     )
     return JudgeOptions(**{**base, **kw})
 
@@ -72,7 +72,8 @@ def test_answers_regex_allows_each_answer_bare_or_after_one_space():
 
 def test_sample_warms_the_prefix_then_sends_all_branches_in_one_call(runtime, tok):
     stub, url = runtime
-    ids = tok.encode(tok.render_chat(get_template("verdict").messages(ITEM)))
+    stub.answers = unanimous(" Yes")
+    ids = tok.encode(tok.render_chat(JUDGE.messages(ITEM)))
     branches = run(url, tok, lambda e: e.sample(ids, answer_params()))
     warm, batch = stub.requests  # exactly two calls
     assert warm == {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
@@ -109,8 +110,8 @@ def test_without_the_warm_up_the_batch_would_not_share_the_prefix(runtime, tok):
 def test_continue_sends_each_branch_context_in_one_call_and_hits_the_cache(runtime, tok):
     stub, url = runtime
     stub.answers = split(" Yes", "No")
-    ids = tok.encode(tok.render_chat(get_template("verdict").messages(ITEM)))
-    cue = ". Let me check this step by step.\n"
+    ids = tok.encode(tok.render_chat(JUDGE.messages(ITEM)))
+    cue = JUDGE.reasoning_cue
     reason = BranchParams(temperature=0.7, max_new_tokens=64, stop=("Final answer:",))
 
     async def sample_then_continue(engine):
@@ -127,7 +128,7 @@ def test_continue_sends_each_branch_context_in_one_call_and_hits_the_cache(runti
     )
     # Everything but the appended cue was in the runtime's cache: the prefix is never prefilled again.
     assert [b.cached_prompt_tokens for b in second] == [len(ids) + len(o) for o in own]
-    assert all(b.text.endswith("so it is right.\n") and b.finish_reason is FinishReason.STOP for b in second)
+    assert all(b.text == REASONING and b.finish_reason is FinishReason.STOP for b in second)
 
 
 def test_handles_of_another_engine_are_refused(runtime, tok):
@@ -145,36 +146,46 @@ def test_handles_of_another_engine_are_refused(runtime, tok):
         run(url, tok, mixed)
 
 
-def test_pipeline_short_path_through_sglang(runtime, tok):
+def test_pipeline_short_path_through_sglang(runtime, tok, checker):
     stub, url = runtime
     result = run(
-        url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options(return_samples=True))
+        url,
+        tok,
+        lambda e: RewardPipeline(e, HeuristicScorer(), checker).score_item(ITEM, options(return_samples=True)),
     )
     assert result.route is Route.SHORT and result.answer == "Yes" and result.reward == 1.0 and result.error is None
-    assert result.consensus == 1.0 and [s.text for s in result.samples] == [" Yes"] * 5
-    verdict = get_template("verdict")
-    prompt = len(tok.encode(tok.render_chat(verdict.messages(ITEM))))
-    followup = len(tok.encode(verdict.followup_text(ITEM, tok.render_chat)))
-    # Computed prompt tokens: the prefix once, plus the one token each other branch recomputes,
-    # plus the verdict's follow-up turn on the leader's branch (its own answer came from cache).
+    assert result.consensus == 1.0 and [s.text for s in result.samples] == ["42"] * 5
+    assert result.judgements[0].by is VerdictBy.EQUIVALENCE
+    prompt = len(tok.encode(tok.render_chat(JUDGE.messages(ITEM))))
+    # Computed prompt tokens: the prefix once, plus the one token each other branch recomputes.
     computed = result.usage.prompt_tokens - result.usage.cached_prompt_tokens
-    assert prompt + 4 + followup - 1 <= computed <= prompt + 4 + followup + 1
-    assert len(stub.requests) == 3  # warm-up, the five answers, the verdict
+    assert computed == prompt + 4
+    assert len(stub.requests) == 2  # warm-up, the five answers; the verifier compared "42" with "42"
 
 
-def test_pipeline_long_path_through_sglang(runtime, tok):
+def test_pipeline_long_path_through_sglang(runtime, tok, checker):
     stub, url = runtime
-    stub.answers = split(" Yes", " No")  # 3 Yes, 2 No: consensus 0.6 < tau
-    result = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer()).score_item(ITEM, options()))
+    stub.answers = split("42", "41")  # 3 of 5 say 42: consensus 0.6 < tau
+    result = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer(), checker).score_item(ITEM, options()))
     assert result.route is Route.LONG and result.consensus == 0.6 and result.error is None
-    assert len(result.candidates) == 5 and all(c.answer in ("Yes", "No") for c in result.candidates)
-    assert result.answer == max(result.candidates, key=lambda c: c.score).answer
-    warm, batch, reasoning, final = stub.requests  # one call per stage, M branches in each
-    assert len(reasoning["input_ids"]) == len(final["input_ids"]) == 5
-    assert all("regex" not in p and p["stop"] == ["Final answer:"] for p in reasoning["sampling_params"])
-    assert all(p["regex"] == " ?(Yes|No)" and p["temperature"] == 0.0 for p in final["sampling_params"])
-    # Each final prompt extends its own reasoning branch: the whole context continues, nothing is re-sent apart.
-    assert all(f[: len(r)] == r for f, r in zip(final["input_ids"], reasoning["input_ids"], strict=True))
+    # Every candidate's reasoning reaches 42, the response's number: right, by equivalence.
+    assert [c.answer for c in result.candidates] == ["42"] * 5 and (result.answer, result.reward) == ("Yes", 1.0)
+    warm, batch, reasoning = stub.requests  # one call per stage, M branches in each
+    assert len(reasoning["input_ids"]) == 5
+    assert all("regex" not in p and "stop" not in p for p in reasoning["sampling_params"])
+    # Each reasoning prompt extends its own branch with the cue: the whole context continues.
+    cue = tok.encode(JUDGE.reasoning_cue)
+    assert all(r[-len(cue) :] == cue for r in reasoning["input_ids"])
+
+
+def test_a_response_without_a_number_gets_the_verdict_from_the_runtime(runtime, tok, checker):
+    stub, url = runtime
+    item = JudgeItem(prompt="What is 12 + 30?", response="forty-two")
+    stub.answers = lambda i, params: " Yes" if params.get("regex") else "42"
+    result = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer(), checker).score_item(item, options()))
+    assert result.route is Route.SHORT and result.judgements[0].by is VerdictBy.JUDGE and result.answer == "Yes"
+    warm, batch, final = stub.requests
+    assert final["sampling_params"][0]["regex"] == " ?(Yes|No)" and final["sampling_params"][0]["temperature"] == 0
 
 
 def test_ready_and_model_name_come_from_the_runtime(runtime, tok):
@@ -242,7 +253,7 @@ def test_runtime_failures_are_clear_errors(runtime, tok, status, body, media, er
 
 
 @pytest.mark.parametrize("checked_by", ["engine", "runtime"])
-def test_a_prompt_too_long_fails_that_item_only(runtime, tok, checked_by):
+def test_a_prompt_too_long_fails_that_item_only(runtime, tok, checker, checked_by):
     """Refused locally from the model config, or by the runtime (HTTP 400) when the folder has none."""
     stub, url = runtime
     engine_tok = tok if checked_by == "engine" else dataclasses.replace(tok, context_length=None)
@@ -250,7 +261,7 @@ def test_a_prompt_too_long_fails_that_item_only(runtime, tok, checked_by):
     results = run(
         url,
         engine_tok,
-        lambda e: RewardPipeline(e, HeuristicScorer()).score([ITEM, long_item], options(path=PathMode.SHORT)),
+        lambda e: RewardPipeline(e, HeuristicScorer(), checker).score([ITEM, long_item], options(path=PathMode.SHORT)),
     )
     assert results[0].error is None and results[0].answer == "Yes"
     assert results[1].reward is None and "context" in results[1].error

@@ -88,3 +88,35 @@ def test_unknown_sources_are_refused() -> None:
         load_dataset("/nonexistent.jsonl")
     with pytest.raises(ValueError, match="split"):
         load_dataset("builtin:arith", split="dev")
+
+
+def test_mixed_forms_set_is_balanced_fixed_and_its_answers_readable() -> None:
+    from app.pipeline.verifier import compare_texts
+
+    test = builtin_arith("test", mixed_forms=True)
+    assert len(test) == 300 and test == builtin_arith("test", mixed_forms=True)
+    assert Counter((i.difficulty, i.gold) for i in test) == {
+        (d, g): 50 for d in ("easy", "medium", "hard") for g in ("Yes", "No")
+    }
+    # Many ways of asking and of answering; the response's number is what math-verify reads.
+    assert len({i.form.split("/")[1] for i in test}) >= 8 and len({i.prompt.split()[0] for i in test}) >= 10
+    for item in test:
+        (read,) = compare_texts([str(item.truth)], [item.response]).response_answers
+        assert (
+            read is not None and float(read) == item.proposed and (item.proposed == item.truth) == (item.gold == "Yes")
+        )
+
+
+def test_mixed_train_split_shares_no_question_and_no_unseen_form_with_test() -> None:
+    train, test = builtin_arith("train", mixed_forms=True), builtin_arith("test", mixed_forms=True)
+    assert len(train) == 3600 and not {i.expression for i in train} & {i.expression for i in test}
+    assert all(i.form.startswith("seen/") for i in train)
+    assert 0.15 < sum(i.form.startswith("unseen/") for i in test) / len(test) < 0.4
+    # Not builtin:arith again in other words: other questions.
+    assert {i.expression for i in test} != {i.expression for i in builtin_arith("test")}
+
+
+def test_load_dataset_names_the_builtin_sets() -> None:
+    assert load_dataset("builtin:arith-mixed")[0].id.startswith("mixed-")
+    with pytest.raises(ValueError, match="builtin:arith, builtin:arith-mixed"):
+        load_dataset("builtin:nope")

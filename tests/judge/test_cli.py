@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -37,10 +38,10 @@ def test_the_mix_flags_reach_the_training_record(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["steps"] == 1
     record = json.loads((tmp_path / "training.json").read_text())
-    assert record["config"]["mix"] == {"short_share": 0.0, "wrong_own": 1.0}
+    assert record["config"]["mix"] == {**asdict(Mix()), "short_share": 0.0, "wrong_own": 1.0}
 
 
-@pytest.mark.parametrize("flag", ["--wrong-own", "--short-share"])
+@pytest.mark.parametrize("flag", ["--wrong-own", "--short-share", "--mixed-share"])
 @pytest.mark.parametrize("value", ["1.5", "-0.1", "half"])
 def test_a_share_outside_0_1_exits_2_naming_the_flag(flag: str, value: str, tmp_path: Path) -> None:
     done = _train_grm("--out", str(tmp_path), flag, value)
@@ -51,4 +52,4 @@ def test_a_share_outside_0_1_exits_2_naming_the_flag(flag: str, value: str, tmp_
 
 def test_the_mix_defaults_are_the_training_defaults() -> None:
     args = build_parser().parse_args(["train-grm", "--out", "adapter"])
-    assert Mix(short_share=args.short_share, wrong_own=args.wrong_own) == Mix()
+    assert Mix(short_share=args.short_share, wrong_own=args.wrong_own, mixed_share=args.mixed_share) == Mix()

@@ -10,7 +10,7 @@ import pytest
 from app.evals.data import LabelledItem, builtin_arith, question_of
 from app.judge.examples import IGNORE, Mix, Segment, example, layout
 from app.judge.targets import reasoning, targets, verdict
-from app.pipeline.templates import get_template
+from app.pipeline.templates import JUDGE
 
 EOS = 2
 _CHAIN = re.compile(r"[0-9*+\-=]+=[0-9*+\-=]+")
@@ -21,16 +21,16 @@ def _chains(text: str) -> list[str]:
 
 
 def test_every_step_of_every_reasoning_is_true_and_ends_at_the_verdict() -> None:
-    items = builtin_arith("train")
+    items = builtin_arith("train") + builtin_arith("train", mixed_forms=True)
     checked = 0
     for item in items:
         own, steps, said = targets(item)
         truth = question_of(item).value
-        for chain in _chains(steps):
+        for chain in [*_chains(steps), own]:
             sides = [eval(side) for side in chain.split("=")]  # digits and + - * only (the regex)
             assert len(set(sides)) == 1, f"{item.prompt}: {chain}"
             checked += 1
-        assert own == str(truth) and steps.endswith(f"={truth}.") and said == item.gold
+        assert own.endswith(f"={truth}") and steps.endswith(f"={truth}.") and said == item.gold
     assert checked > 2 * len(items)
 
 
@@ -38,8 +38,10 @@ def test_every_step_of_every_reasoning_is_true_and_ends_at_the_verdict() -> None
     ("a", "op", "b", "expected"),
     [
         (47, "+", 38, "47+38=40+30+7+8=70+15=85."),
-        (83, "-", 47, "83-47=83-40-7=43-7=36."),
-        (83, "-", 7, "83-7=76."),
+        (83, "-", 47, "83-47=83-40-7=43-7=43-3-4=40-4=36."),
+        (32, "+", 9, "32+9=30+2+9=30+11=41."),
+        (31, "-", 9, "31-9=31-1-8=30-8=22."),
+        (83, "-", 7, "83-7=83-3-4=80-4=76."),
         (52, "*", 7, "52*7=50*7+2*7=350+14=364."),
         (52, "*", 50, "52*50=52*5*10. 52*5=50*5+2*5=250+10=260, so 52*50=2600."),
     ],
@@ -74,8 +76,8 @@ def _tokenizer():
 
 def test_examples_are_what_the_pipeline_will_feed() -> None:
     tok = _tokenizer()
-    template = get_template("verdict")
-    item = LabelledItem("x", "What is 72 * 5?", "The answer is 630.", "No", difficulty="medium")
+    prompt = "A box holds 72 pens. How many in 5 boxes?"
+    item = LabelledItem("x", prompt, "630 pens", "No", truth=360, expression="72*5", proposed=630)
 
     def encode(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False)
@@ -84,25 +86,36 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
         return str(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
     def make(**mix: float):
-        ex = example(item, template, encode, render, EOS, random.Random(0), Mix(**mix))
+        ex = example(item, encode, render, EOS, random.Random(0), Mix(**mix))
         learnt = tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)])
         return tok.decode(ex.ids), learnt, ex.labels.count(EOS)
 
-    prompt = render(template.messages(item.judge_item()))
+    judge_item = item.judge_item()
+    prompt = render(JUDGE.messages(judge_item))  # the rendered judge prompt from here on
     assert "630" not in prompt  # solve first: the judge answers before it sees the response
-    followup = template.followup_text(item.judge_item(), render)
+    followup = JUDGE.followup_text(judge_item, "630 pens", render)
     steps = reasoning(question_of(item))
-    # Long: own answer, reasoning, then the response and the verdict on it.
-    text, learnt, stops = make(short_share=0.0, wrong_own=0.0)
-    assert text == prompt + "360" + template.reasoning_cue + steps + followup + "No"
-    assert learnt == "360" + steps + "No" and stops == 2  # it learns to stop after each
+    # Long: own answer (the computation and its result), then the reasoning; that is all the
+    # verifier needs (it compares the result with the response's number).
+    text, learnt, stops = make(short_share=0.0, wrong_own=0.0, verdict_share=0.0, uncheckable=0.0)
+    assert text == prompt + "72*5=360" + JUDGE.reasoning_cue + steps
+    assert learnt == "72*5=360" + steps and stops == 2  # it learns to stop after each
+    # Some long sequences go on to the Yes/No follow-up, which compares with the reasoning's result.
+    text, learnt, stops = make(short_share=0.0, wrong_own=0.0, verdict_share=1.0, uncheckable=0.0)
+    assert text == prompt + "72*5=360" + JUDGE.reasoning_cue + steps + followup + "No" and learnt.endswith("No")
     # The whole exchange renders as the chat it is: the follow-up is a user turn after the answer.
-    assert text == render(template.conversation(item.judge_item(), "360" + template.reasoning_cue + steps)) + "No"
+    conversation = JUDGE.conversation(judge_item, "72*5=360" + JUDGE.reasoning_cue + steps, "630 pens")
+    assert text == render(conversation) + "No"
     # Short: own answer, then straight to the response and the verdict.
-    text, learnt, stops = make(short_share=1.0, wrong_own=0.0)
-    assert text == prompt + "360" + followup + "No" and learnt == "360No" and stops == 1
+    text, learnt, stops = make(short_share=1.0, wrong_own=0.0, uncheckable=0.0)
+    assert text == prompt + "72*5=360" + followup + "No" and learnt == "72*5=360No" and stops == 1
     # A wrong own answer is not learnt; the short verdict follows it, the long one the reasoning.
-    text, learnt, _ = make(short_share=1.0, wrong_own=1.0)
-    assert not text.startswith(prompt + "360") and learnt in ("No", "Yes")
-    text, learnt, _ = make(short_share=0.0, wrong_own=1.0)
+    text, learnt, _ = make(short_share=1.0, wrong_own=1.0, uncheckable=0.0)
+    assert not text.startswith(prompt + "72*5=360") and learnt in ("No", "Yes")
+    text, learnt, _ = make(short_share=0.0, wrong_own=1.0, verdict_share=1.0, uncheckable=0.0)
     assert learnt == steps + "No"
+    # The follow-up mostly meets responses the verifier cannot read: a non-answer is always "No".
+    for seed in range(20):
+        ex = example(item, encode, render, EOS, random.Random(seed), Mix(short_share=1.0, uncheckable=1.0))
+        shown = tok.decode(ex.ids).rpartition("Response:\n")[2]
+        assert "630" not in shown and tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)]).endswith("No")

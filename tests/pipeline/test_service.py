@@ -6,10 +6,9 @@ import time
 import pytest
 
 from app.engines.base import Branch, FinishReason
-from app.pipeline.longpath import final_text
 from app.pipeline.service import RewardPipeline, exact_probability
-from app.pipeline.templates import get_template
-from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route
+from app.pipeline.templates import JUDGE
+from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
 from app.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,7 @@ def options(**kw) -> JudgeOptions:
         path=PathMode.AUTO,
         template="verdict",
         seed=3,
-        long_max_tokens=24,
+        long_max_tokens=48,
     )
     return JudgeOptions(**{**base, **kw})
 
@@ -37,34 +36,84 @@ class BrokenScorer(HeuristicScorer):
         raise ConnectionError("scorer unreachable")
 
 
-def test_long_path_never_prefills_the_prefix_again(engine):
-    result = asyncio.run(RewardPipeline(engine, HeuristicScorer()).score_item(ITEM, options(path=PathMode.LONG)))
-    t = get_template("verdict")
-    prefix_tokens = engine.count_tokens(engine.render_chat(t.messages(ITEM)))
-    cue, final = engine.count_tokens(t.reasoning_cue), engine.count_tokens(final_text(engine, t, ITEM))
+def test_long_path_never_prefills_the_prefix_again(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+    result = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG)))
+    prefix_tokens = engine.count_tokens(engine.render_chat(JUDGE.messages(ITEM)))
+    cue = engine.count_tokens(JUDGE.reasoning_cue)
     computed = result.usage.prompt_tokens - result.usage.cached_prompt_tokens
-    # One prefill, then per branch only its pending token, the cue and the follow-up turn: re-prefilling
-    # would add 5x the prefix.
-    assert prefix_tokens <= computed <= prefix_tokens + 5 * (1 + cue) + 5 * (1 + final)
+    # One prefill, then per branch only its pending token and the cue: re-prefilling would add 5x the prefix.
+    assert prefix_tokens <= computed <= prefix_tokens + 5 * (1 + cue)
     assert result.route is Route.LONG and len(result.candidates) == 5
-    assert all(t.reasoning_cue in c.reasoning and c.answer in ("Yes", "No") for c in result.candidates)
-    assert result.answer == max(result.candidates, key=lambda c: c.score).answer
-    assert not result.degraded
+    assert all(c.reasoning.count(JUDGE.reasoning_cue) == 1 for c in result.candidates)
+    # The response's number is checkable, so the candidates' results decide: no Yes/No follow-up.
+    (judgement,) = result.judgements
+    assert judgement.by is VerdictBy.EQUIVALENCE and all(c.verdict is None for c in result.candidates)
+    weights = {}
+    for c in result.candidates:
+        if c.answer is not None:
+            weights[c.answer] = weights.get(c.answer, 0.0) + max(c.score, 0.0)
+    assert judgement.judge_answer == max(weights, key=weights.get)
+    assert result.answer == ("Yes" if judgement.judge_answer == "42" else "No") and not result.degraded
+    assert result.reward == pytest.approx(weights.get("42", 0.0) / sum(weights.values()))
 
 
-def test_solve_first_votes_on_own_answers_then_reads_the_verdict(engine):
-    pipeline = RewardPipeline(engine, HeuristicScorer())
+def test_solve_first_votes_on_own_answers_then_compares_the_response(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
     result = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True)))
-    t = get_template("verdict")
-    assert [s.vote for s in result.samples] == [t.vote(s.text) for s in result.samples]
     assert sum(result.votes.values()) == sum(s.vote is not None for s in result.samples)
-    # The verdict is read after the majority answer, in a follow-up turn: one more branch's tokens.
-    assert result.answer in ("Yes", "No") and result.answer == result.majority_answer
-    assert result.usage.completion_tokens == sum(engine.count_tokens(s.text) for s in result.samples) + 1
+    (judgement,) = result.judgements
+    majority = max(result.votes, key=result.votes.get)
+    assert judgement.by is VerdictBy.EQUIVALENCE and judgement.judge_answer == majority
+    assert judgement.response_answer == "42" and result.answer == ("Yes" if majority == "42" else "No")
+    assert result.reward == pytest.approx(result.votes.get("42", 0) / 5)
+    # Nothing after the samples: the verifier compared, the model was not asked again.
+    assert result.usage.completion_tokens == sum(engine.count_tokens(s.text) for s in result.samples)
 
 
-def test_exact_consensus_routes_on_the_greedy_answers_probability(engine):
-    pipeline = RewardPipeline(engine, HeuristicScorer())
+def test_a_response_without_a_readable_answer_gets_the_judges_yes_no(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+    item = JudgeItem(prompt="What is 12 + 30?", response="forty-two")
+    short = asyncio.run(pipeline.score_item(item, options(path=PathMode.SHORT)))
+    (j,) = short.judgements
+    assert j.by is VerdictBy.JUDGE and j.response_answer is None and 0.0 <= short.reward <= 1.0
+    assert short.answer == ("Yes" if short.reward >= 0.5 else "No")
+    long = asyncio.run(pipeline.score_item(item, options(path=PathMode.LONG)))
+    assert long.judgements[0].by is VerdictBy.JUDGE and all(c.verdict in ("Yes", "No") for c in long.candidates)
+
+
+def test_a_checkable_reference_decides_without_the_model(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+    before = engine.stats().batches
+    right = JudgeItem(prompt="What is 12 + 30?", response="That makes 42.", reference="42")
+    wrong = JudgeItem(prompt="What is 12 + 30?", response="$\\boxed{41}$", reference="42")
+    results = asyncio.run(pipeline.score([right, wrong], options()))
+    assert [(r.route, r.answer, r.reward) for r in results] == [
+        (Route.REFERENCE, "Yes", 1.0),
+        (Route.REFERENCE, "No", 0.0),
+    ]
+    assert results[0].judgements[0].by is VerdictBy.REFERENCE and engine.stats().batches == before
+
+
+def test_score_and_pairwise_rest_on_the_same_judgement(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+    verdict = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT)))
+    score = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, template="score")))
+    assert score.reward == pytest.approx(verdict.reward) and score.answer == str(1 + int(9 * verdict.reward + 0.5))
+    pair = JudgeItem(prompt=ITEM.prompt, response="42", response_b="41")
+    ab = asyncio.run(pipeline.score_item(pair, options(path=PathMode.SHORT, template="pairwise")))
+    ba = asyncio.run(
+        pipeline.score_item(
+            JudgeItem(ITEM.prompt, "41", response_b="42"), options(path=PathMode.SHORT, template="pairwise")
+        )
+    )
+    # Each response judged alone against the same samples: swapping them mirrors the reward.
+    assert ab.reward == pytest.approx(1 - ba.reward) and len(ab.judgements) == 2
+    assert {ab.answer, ba.answer} in ({"A", "B"}, {"tie"})
+
+
+def test_exact_consensus_routes_on_the_greedy_answers_probability(engine, checker):
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
     sampled = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True)))
     exact = asyncio.run(
         pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True, consensus=ConsensusMode.EXACT))
@@ -92,22 +141,24 @@ def test_exact_probability_needs_logprobs():
         exact_probability(Branch("85", [1, 2], FinishReason.STOP, 10, 0))
 
 
-def test_scorer_failure_degrades_to_the_candidates_vote(engine):
-    pipeline = RewardPipeline(engine, BrokenScorer())
+def test_scorer_failure_degrades_to_the_candidates_vote(engine, checker):
+    pipeline = RewardPipeline(engine, BrokenScorer(), checker)
     result = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG)))
-    answers = [c.answer for c in result.candidates]
+    answers = [c.answer for c in result.candidates if c.answer is not None]
     assert result.degraded and result.error is None
-    assert result.answer == max(set(answers), key=answers.count) and result.reward in (0.0, 1.0)
+    assert result.judgements[0].judge_answer == max(answers, key=answers.count)
+    assert result.reward == pytest.approx(answers.count("42") / len(answers))
 
 
-def test_batch_keeps_order_and_isolates_a_bad_item(engine):
+def test_batch_keeps_order_and_isolates_a_bad_item(engine, checker):
     items = [ITEM, JudgeItem(prompt="x " * 9000, response="y"), JudgeItem(prompt="Is water wet?", response="Yes")]
-    results = asyncio.run(RewardPipeline(engine, HeuristicScorer()).score(items, options(path=PathMode.SHORT)))
+    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+    results = asyncio.run(pipeline.score(items, options(path=PathMode.SHORT)))
     assert [r.error is None for r in results] == [True, False, True]
     assert results[1].reward is None and "context" in results[1].error
 
 
-def test_a_refused_item_cancels_its_siblings(loaded_fp32):
+def test_a_refused_item_cancels_its_siblings(loaded_fp32, checker):
     from app.engines.base import EngineBusyError
     from app.engines.embedded.engine import EmbeddedEngine
     from tests.engines.test_batching import hold_model_thread
@@ -115,7 +166,7 @@ def test_a_refused_item_cancels_its_siblings(loaded_fp32):
     engine = EmbeddedEngine(loaded_fp32, max_queue=1)
     try:
         release = hold_model_thread(engine)
-        pipeline = RewardPipeline(engine, HeuristicScorer())
+        pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
         items = [ITEM, JudgeItem(prompt="Is ice cold?", response="Yes")]
 
         async def refused_then_idle() -> int:

@@ -1,100 +1,70 @@
 import pytest
 
-from app.pipeline.templates import get_template
+from app.pipeline.templates import JUDGE, get_template
 from app.pipeline.types import JudgeItem
 
 
 @pytest.mark.parametrize(
-    ("text", "answer"),
+    ("template", "p", "right", "answer", "reward"),
     [
-        ("Yes", "Yes"),
-        (" yes.", "Yes"),
-        ("NO", "No"),
-        ("No, because 2+2=4", "No"),
-        ("Yesterday", None),
-        ("I cannot tell", None),
-        ("", None),
+        ("verdict", [0.8], [True], "Yes", 0.8),
+        ("verdict", [0.2], [False], "No", 0.2),
+        ("score", [0.0], [False], "1", 0.0),
+        ("score", [1.0], [True], "10", 1.0),
+        ("score", [0.5], [True], "6", 0.5),
+        ("pairwise", [1.0, 0.0], [True, False], "A", 1.0),
+        ("pairwise", [0.0, 1.0], [False, True], "B", 0.0),
+        ("pairwise", [0.6, 0.6], [True, True], "tie", 0.5),
+        ("pairwise", [0.8, 0.2], [True, False], "A", 0.8),
     ],
 )
-def test_verdict_extraction(text, answer):
-    assert get_template("verdict").extract(text) == answer
+def test_every_template_presents_the_same_judgement(template, p, right, answer, reward):
+    assert get_template(template).present(p, right) == (answer, pytest.approx(reward))
 
 
-@pytest.mark.parametrize(
-    ("text", "answer"),
-    [("10", "10"), (" 7", "7"), ("7/10", "7"), ("Score: 1", "1"), ("0", None), ("11", None), ("none", None)],
-)
-def test_score_extraction(text, answer):
-    assert get_template("score").extract(text) == answer
+def test_score_rises_with_the_probability_and_spans_the_scale():
+    scores = [int(get_template("score").present([p / 20], [p >= 10])[0]) for p in range(21)]
+    assert scores == sorted(scores) and scores[0] == 1 and scores[-1] == 10
 
 
-@pytest.mark.parametrize(("text", "answer"), [("A", "A"), (" B.", "B"), ("a", None), ("ABC", None)])
-def test_pairwise_extraction(text, answer):
-    assert get_template("pairwise").extract(text) == answer
+def test_pairwise_is_symmetric_in_its_responses():
+    pairwise = get_template("pairwise")
+    for pa, pb in [(0.9, 0.1), (0.3, 0.7), (0.5, 0.5)]:
+        (a, ra), (b, rb) = pairwise.present([pa, pb], [True, True]), pairwise.present([pb, pa], [True, True])
+        assert ra == pytest.approx(1 - rb) and {a, b} <= {"A", "B", "tie"} and (a == "tie") == (b == "tie")
 
 
-@pytest.mark.parametrize(
-    ("template", "answer", "reward"),
-    [
-        ("verdict", "Yes", 1.0),
-        ("verdict", "No", 0.0),
-        ("score", "1", 0.0),
-        ("score", "10", 1.0),
-        ("score", "5", 4 / 9),
-        ("pairwise", "A", 1.0),
-        ("pairwise", "B", 0.0),
-    ],
-)
-def test_reward_mapping(template, answer, reward):
-    assert get_template(template).reward(answer) == pytest.approx(reward)
-
-
-def test_every_allowed_answer_extracts_to_itself():
-    for name in ("verdict", "score", "pairwise"):
-        t = get_template(name)
-        assert [t.extract(a) for a in t.answers] == list(t.answers)
-
-
-def test_user_message_carries_everything_the_judge_needs():
-    item = JudgeItem(prompt="What is 2+2?", response="4", response_b="5", reference="4")
-    pairwise = get_template("pairwise").user_message(item)
-    assert "Response A:\n4" in pairwise and "Response B:\n5" in pairwise and "Reference answer:\n4" in pairwise
-    score = get_template("score").user_message(JudgeItem(prompt="Q?", response="R"))
-    assert score.startswith("Question:\nQ?") and "Response:\nR" in score and "Reference" not in score
-
-
-@pytest.mark.parametrize(
-    ("text", "vote"),
-    [
-        ("2756", "2756"),
-        (" 85. ", "85"),
-        ("Paris.", "paris"),
-        ("The  capital is\nParis", "the capital is paris"),
-        ("", None),
-    ],
-)
-def test_solve_first_votes_for_the_judges_own_answer(text, vote):
-    assert get_template("verdict").vote(text) == vote
+def test_the_judge_is_shown_the_question_alone_first():
+    item = JudgeItem(prompt="What is 2+2?", response="5", response_b="6", reference="4")
+    user = JUDGE.messages(item)[1]["content"]
+    assert user.startswith("Question:\nWhat is 2+2?") and "Reference answer:\n4" in user
+    assert "5" not in user and "6" not in user
 
 
 def test_the_followup_turn_shows_the_response_after_the_judges_answer():
-    t = get_template("verdict")
     item = JudgeItem(prompt="What is 2+2?", response="5", reference="4")
-    assert "5" not in t.user_message(item) and "Reference answer:\n4" in t.user_message(item)
 
     def chatml(messages):
         return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + "<assistant>"
 
-    tail = t.followup_text(item, chatml)
+    tail = JUDGE.followup_text(item, "5", chatml)
     assert tail == "</><user>Response:\n5\n\nIs the response correct? Answer Yes or No.</><assistant>"
     with pytest.raises(ValueError, match="dropped"):
-        t.followup_text(item, lambda messages: "nothing of it")
+        JUDGE.followup_text(item, "5", lambda messages: "nothing of it")
 
 
-def test_choice_templates_vote_for_the_answer_alone():
-    assert get_template("score").vote(" 7") == "7" and get_template("pairwise").vote("x") is None
+@pytest.mark.parametrize(("text", "verdict"), [("Yes", "Yes"), (" no", "No"), ("NO", "No"), ("Yesterday", None)])
+def test_a_constrained_verdict_reads_back(text, verdict):
+    assert JUDGE.verdict_of(text) == verdict
 
 
 def test_unknown_template():
     with pytest.raises(ValueError):
         get_template("essay")
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict"), [("Yes, it is right.", "Yes"), ("The answer: no.", "No"), ("Maybe", None)]
+)
+def test_an_unconstrained_verdict_is_its_first_yes_or_no(text, verdict):
+    assert JUDGE.verdict_of(text) == verdict

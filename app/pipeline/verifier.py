@@ -1,0 +1,170 @@
+"""Answer equivalence: whether two answers are the same, however each is written.
+
+math-verify (Hugging Face's verifier; what veRL, TRL and OpenRLHF math rewards use) reads the
+final answer out of text ("The answer is 1,776." -> 1776, "$\\boxed{42}$" -> 42) and compares
+answers as math (1776 = 1,776 = 1776.0; 1/2 = 0.5). An answer it cannot read as math (free text,
+"Paris") is compared as normalised text among the judge's own answers, and a response it cannot
+read is not checkable: the judge's Yes/No follow-up decides it.
+
+An answer counts as math only when it is a value: a number as written (12, -3, 0.75, 1,776,
+3/4, \\frac{3}{4}, 42%), not an expression still to compute. math-verify would evaluate "88-32"
+to 56, so a response that restates the question ("What is 88 minus 32?" / "88-32") would equal
+the right answer without answering: it is read, it matches nothing, and it is judged wrong.
+
+The responses are written by the policy under training, so they are hostile input: sympy can
+take unbounded time on some ("9^9^9^9"). Every comparison runs in a worker process with a
+deadline; one that runs past it kills the worker (the pool starts a fresh one), and its texts
+count as unreadable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections.abc import Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pebble import ProcessExpired
+
+log = logging.getLogger(__name__)
+
+# math-verify's own limits, inside the worker (its signal-based timeouts work in a process's main
+# thread); the pool's deadline catches what they cannot interrupt (a huge integer power in C).
+_PARSE_TIMEOUT_S = 1
+_CALL_DEADLINE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """The judge's answers grouped by equivalence, and each response placed among them."""
+
+    answer_keys: list[str | None]  # per judge answer: its class (equivalent answers share a key); None: empty
+    math_keys: frozenset[str]  # the classes read as math (the others are normalised text)
+    response_answers: list[str | None]  # per response: the final answer read from it; None: unreadable
+    response_keys: list[str | None]  # per response: the class it is equivalent to; None: none
+
+    def checkable(self, key: str | None, response: int) -> bool:
+        """Whether equivalence decides between the answer class `key` and response `response`."""
+        return key is not None and key in self.math_keys and self.response_answers[response] is not None
+
+
+class AnswerChecker(Protocol):
+    async def compare(self, answers: Sequence[str | None], responses: Sequence[str]) -> Comparison: ...
+
+    async def close(self) -> None: ...
+
+
+def normalise(text: str) -> str:
+    """Free text as a vote: spacing, case and closing punctuation do not count."""
+    return " ".join(text.split()).rstrip(" .,:;!").casefold()
+
+
+def compare_texts(answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:
+    """The comparison itself (runs in the worker process; callable directly where no deadline is needed)."""
+    from math_verify import parse, verify
+
+    def read(text: str) -> list[Any]:
+        return parse(text, parsing_timeout=_PARSE_TIMEOUT_S)
+
+    def value(text: str) -> list[Any]:
+        """What a judge's answer reads as when it is a value; [] (text) otherwise."""
+        parsed = read(text)
+        return parsed if parsed and is_value(parsed[0]) else []
+
+    def same(gold: list[Any], target: list[Any]) -> bool:
+        return bool(verify(gold, target, timeout_seconds=_PARSE_TIMEOUT_S))
+
+    classes: list[tuple[str, list[Any]]] = []  # (key, parsed; [] for a text class)
+    keys: list[str | None] = []
+    for answer in answers:
+        if answer is None or not normalise(answer):
+            keys.append(None)
+            continue
+        parsed, text = value(answer), normalise(answer)
+        # Math against math by the verifier; text against text by its normalised form.
+        key = next((k for k, p in classes if same(p, parsed) if p and parsed), None) if parsed else None
+        if not parsed:
+            key = next((k for k, p in classes if not p and k == text), None)
+        if key is None:
+            key = shown(parsed) if parsed else text
+            while any(k == key for k, _ in classes):  # a text class that reads like a math one
+                key += "'"
+            classes.append((key, parsed))
+        keys.append(key)
+    read_responses = [read(r) for r in responses]
+    return Comparison(
+        answer_keys=keys,
+        math_keys=frozenset(k for k, p in classes if p),
+        response_answers=[shown(p) if p else None for p in read_responses],
+        # A response's answer that is not a value (an expression still to compute) matches nothing.
+        response_keys=[
+            next((k for k, p in classes if p and r and is_value(r[0]) and same(p, r)), None) for r in read_responses
+        ],
+    )
+
+
+def shown(parsed: list[Any]) -> str:
+    """How a read answer is shown: an integer as digits (1776, not "1,776" or "1776.0"), anything
+    else as math-verify extracted it, less markdown and closing punctuation."""
+    expr = parsed[0]
+    if getattr(expr, "is_Integer", False):
+        return str(expr)
+    if getattr(expr, "is_Float", False) and expr.is_finite and float(expr).is_integer():
+        return str(int(expr))
+    return str(parsed[1]).strip("*_ .,;:")
+
+
+def is_value(expr: Any) -> bool:
+    """A number as written, not an expression still to compute: an integer, a decimal, or a
+    fraction (or percentage) of integers; math-verify keeps "52*7" and "88-32" unevaluated."""
+    if getattr(expr, "is_Number", False):
+        return True
+    if getattr(expr, "is_Mul", False) and len(expr.args) == 2:  # p/q, p% (p times 1/q)
+        numerator, reciprocal = expr.args
+        if type(reciprocal).__name__ == "UnevaluatedExpr":  # how math-verify writes the 1/100 of a percent
+            reciprocal = reciprocal.args[0]
+        if reciprocal.is_Pow:
+            return bool(numerator.is_Integer and reciprocal.exp == -1 and reciprocal.base.is_Integer)
+        return bool(numerator.is_Integer and reciprocal.is_Rational and reciprocal.p == 1)
+    return False
+
+
+def text_only(answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:
+    """When the verifier gave up: the judge's answers compared as text, no response checkable."""
+    keys = [normalise(a) or None if a is not None else None for a in answers]
+    return Comparison(keys, frozenset(), [None] * len(responses), [None] * len(responses))
+
+
+class MathVerifyChecker:
+    """compare_texts in a worker process, with a deadline per call; started on first use."""
+
+    def __init__(self, deadline_s: float = _CALL_DEADLINE_S):
+        self.deadline_s = deadline_s
+        self._pool: Any = None
+        self.timeouts = 0  # calls that ran past the deadline (their texts counted as unreadable)
+
+    def _start(self) -> Any:
+        if self._pool is None:
+            from pebble import ProcessPool
+
+            # spawn, not fork: the serving process runs threads (the model's), which fork would copy mid-lock.
+            self._pool = ProcessPool(max_workers=1, context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    async def compare(self, answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:
+        future = self._start().schedule(compare_texts, (list(answers), list(responses)), timeout=self.deadline_s)
+        try:
+            return await asyncio.wrap_future(future)
+        except (FutureTimeout, ProcessExpired) as exc:  # past the deadline, or the worker died
+            self.timeouts += 1
+            log.warning("answer comparison failed (%r); the texts count as unreadable", exc)
+            return text_only(answers, responses)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.stop()
+            await asyncio.to_thread(pool.join)
