@@ -36,7 +36,7 @@ class Metrics:
         r = self.registry
         self.request_latency = Histogram(
             "egrm_request_latency_seconds",
-            "Request latency by endpoint and route (mixed: both routes).",
+            "Request latency by endpoint and route (mixed: items of more than one route).",
             ["endpoint", "route"],
             buckets=_LATENCY_BUCKETS,
             registry=r,

@@ -31,4 +31,6 @@ class GetRewardRequest(BaseModel):
 class GetRewardResponse(BaseModel):
     rewards: list[float] = Field(description="One reward in [0, 1] per query.")
     scores: list[float] = Field(description="The same values (OpenRLHF filters on scores in [0, 1]).")
-    extra_logs: dict[str, list[float]] = Field(description="Per-query values OpenRLHF logs: consensus, long route.")
+    extra_logs: dict[str, list[float]] = Field(
+        description="Per-query values OpenRLHF logs: consensus, verdict (1 right, 0 wrong), long route."
+    )

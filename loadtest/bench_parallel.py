@@ -39,7 +39,7 @@ def make_prompt(engine: EmbeddedEngine, target_tokens: int) -> list[int]:
     text = PASSAGE
     while engine.count_tokens(text) < target_tokens:
         text += PASSAGE
-    ids = engine.encode(engine.render_chat([{"role": "user", "content": text + "\nSummarise this."}]))
+    ids = engine.encode_chat([{"role": "user", "content": text + "\nSummarise this."}])
     return ids
 
 

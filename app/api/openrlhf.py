@@ -18,6 +18,33 @@ from app.protocol_openrlhf import GetRewardRequest, GetRewardResponse
 
 router = APIRouter()
 
+# What a policy's tokenizer leaves at the end of a decoded query (its end of turn, EOS, padding),
+# across the chat formats in use: not part of the response.
+END_MARKERS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<eos>",
+    "<|eos|>",
+    "<pad>",
+    "[PAD]",
+    "<|pad|>",
+    "<|finetune_right_pad_id|>",
+    "<｜end▁of▁sentence｜>",
+)
+
+
+def without_end_markers(response: str) -> str:
+    """The response less the end-of-sequence and padding text after it."""
+    stripped = response.rstrip()
+    while marker := next((m for m in END_MARKERS if stripped.endswith(m)), None):
+        stripped = stripped.removesuffix(marker).rstrip()
+    return stripped
+
 
 def _query(i: int) -> str:
     return f"query[{i}]"
@@ -41,7 +68,8 @@ def judge_items(body: GetRewardRequest) -> list[JudgeItem]:
             raise ApiError(422, f"query[{i}] does not start with prompts[{i}]; query = prompt + response", _query(i))
         label = body.labels[i] if body.labels is not None else None
         reference = None if label is None or label == "" else str(label)
-        items.append(JudgeItem(prompt=prompt, response=query[len(prompt) :], reference=reference))
+        response = without_end_markers(query[len(prompt) :])
+        items.append(JudgeItem(prompt=prompt, response=response, reference=reference))
     return items
 
 
@@ -64,6 +92,7 @@ async def get_reward(
         scores=rewards,
         extra_logs={
             "egrm_consensus": [r.consensus for r in results],
+            "egrm_verdict": [1.0 if r.judgements and r.judgements[0].right else 0.0 for r in results],
             "egrm_long_route": [1.0 if r.route is Route.LONG else 0.0 for r in results],
         },
     )

@@ -82,12 +82,14 @@ class Engine(Protocol):
     @property
     def model_name(self) -> str: ...
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The prompt text for a conversation, ending where the assistant's answer begins."""
+    def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
+        """The prompt for a conversation, ending where the assistant's answer begins, as token ids.
+        The template's markup is markup; the messages' contents are data (a special-token string in
+        one is split into plain tokens). after=k: only what follows message k's content."""
         ...
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of text, special tokens as written (a rendered prompt already has them)."""
+        """Token ids of text the pipeline wrote itself (a cue), special tokens as written."""
         ...
 
     def count_tokens(self, text: str) -> int: ...
@@ -97,9 +99,10 @@ class Engine(Protocol):
         ...
 
     async def continue_branches(
-        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
     ) -> list[Branch]:
-        """Append `text` to each branch (from its own cache) and decode further."""
+        """Append `appended` (text the pipeline wrote, or token ids) to each branch (from its own
+        cache) and decode further."""
         ...
 
     def stats(self) -> EngineStats: ...

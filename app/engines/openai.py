@@ -65,9 +65,9 @@ class OpenAIEngine(RemoteEngine):
         return [branch for one in done for branch in one]
 
     async def continue_branches(
-        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
     ) -> list[Branch]:
-        contexts = self._contexts(handles, text, branches)
+        contexts = self._contexts(handles, appended, branches)
         async with self._slot(len(branches)):
             done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
         return [one[0] for one in done]

@@ -117,9 +117,9 @@ class SGLangEngine(RemoteEngine):
         return done
 
     async def continue_branches(
-        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
     ) -> list[Branch]:
-        contexts = self._contexts(handles, text, branches)
+        contexts = self._contexts(handles, appended, branches)
         async with self._slot(len(branches)):
             outs = await self._generate(
                 {

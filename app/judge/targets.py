@@ -32,7 +32,7 @@ def _times_digit(a: int, d: int) -> str:
 
 
 def _add(a: int, b: int) -> str:
-    if b < 10 and a % 10 + b >= 10:  # a carry: through the tens, 32+9=30+2+9=30+11=41
+    if b < 10 and a >= 10:  # the ones apart from the tens: 32+9=30+2+9=30+11=41, 32+4=30+2+4=30+6=36
         return f"{a}+{b}={a - a % 10}+{a % 10}+{b}={a - a % 10}+{a % 10 + b}={a + b}"
     if b < 10:
         return f"{a}+{b}={a + b}"
@@ -45,6 +45,8 @@ def _subtract(a: int, b: int) -> str:
         return f"{a}-{b}={a}-{b - b % 10}-{b % 10}=" + _subtract(rest, b % 10) if b % 10 else f"{a}-{b}={rest}"
     if 0 < a % 10 < b:  # a borrow: down to the ten first, 31-9=31-1-8=30-8=22
         return f"{a}-{b}={a}-{a % 10}-{b - a % 10}={a - a % 10}-{b - a % 10}={a - b}"
+    if a >= 10 and a % 10 >= b > 0:  # the ones apart from the tens: 29-9=20+9-9=20+0=20
+        return f"{a}-{b}={a - a % 10}+{a % 10}-{b}={a - a % 10}+{a % 10 - b}={a - b}"
     return f"{a}-{b}={a - b}"
 
 

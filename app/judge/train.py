@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from app.engines.chat import chat_ids
 from app.engines.embedded.loader import resolve_dtype
 from app.evals.data import LabelledItem, builtin_arith
 from app.judge.examples import IGNORE, Example, Mix, example
@@ -121,11 +122,11 @@ def train_grm(base: Path, out: Path, config: GrmTrainConfig, progress: bool = Tr
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    def render(messages: list[dict[str, str]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    def chat(messages: list[dict[str, str]], after: int | None) -> list[int]:
+        return chat_ids(tokenizer, messages, after)  # exactly as the engine encodes a prompt
 
     items = training_items(config.mix.mixed_share, rng)[: config.limit]
-    examples = [example(item, encode, render, eos_id, rng, config.mix) for item in items]
+    examples = [example(item, encode, chat, eos_id, rng, config.mix) for item in items]
     batches = _batches(examples, config.batch_size, rng)
     planned = math.ceil(len(batches) * config.epochs)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -41,15 +41,16 @@ def usage_of(branches: Sequence[Branch]) -> Usage:
     )
 
 
-def followup(engine: Engine, item: JudgeItem, response: str) -> str:
-    """The follow-up turn that shows the response and asks for the verdict, in the model's format."""
-    return JUDGE.followup_text(item, response, engine.render_chat)
+def followup(engine: Engine, item: JudgeItem, response: str) -> list[int]:
+    """The token ids that close the judge's own answer and ask for its verdict on the response:
+    the follow-up turn in the model's chat format, the response in it as data."""
+    return engine.encode_chat(JUDGE.conversation(item, "", response), after=JUDGE.OWN_ANSWER)
 
 
-async def verdicts(engine: Engine, text: str, branches: Sequence[Branch]) -> list[Branch]:
-    """Each branch's Yes/No verdict after `text`: greedy, constrained to the two."""
+async def verdicts(engine: Engine, ids: Sequence[int], branches: Sequence[Branch]) -> list[Branch]:
+    """Each branch's Yes/No verdict after the follow-up `ids`: greedy, constrained to the two."""
     params = BranchParams(temperature=0.0, max_new_tokens=4, allowed=JUDGE.verdicts)
-    return await engine.continue_branches([b.handle for b in branches], text, [params] * len(branches))
+    return await engine.continue_branches([b.handle for b in branches], ids, [params] * len(branches))
 
 
 async def reason(engine: Engine, samples: Sequence[Branch], options: JudgeOptions) -> list[Branch]:

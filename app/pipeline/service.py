@@ -79,7 +79,7 @@ class RewardPipeline:
         """The token ids of each item's judge prompt (what the engine will prefill)."""
 
         def encode() -> list[list[int]]:
-            return [self.engine.encode(self.engine.render_chat(JUDGE.messages(item))) for item in items]
+            return [self.engine.encode_chat(JUDGE.messages(item)) for item in items]
 
         chars = sum(len(i.prompt) + len(i.reference or "") for i in items)
         return await asyncio.to_thread(encode) if chars > _OFF_LOOP_CHARS else encode()
@@ -93,7 +93,7 @@ class RewardPipeline:
 
         def tokens() -> list[int]:
             return [
-                len(ids) + max(self.engine.count_tokens(followup(self.engine, item, r)) for r in responses(item, count))
+                len(ids) + max(len(followup(self.engine, item, r)) for r in responses(item, count))
                 for item, ids in zip(items, prompts, strict=True)
             ]
 

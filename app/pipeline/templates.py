@@ -30,7 +30,6 @@ class TemplateName(str, Enum):
 
 
 Message = dict[str, str]
-Render = Callable[[list[Message]], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,21 +52,15 @@ class JudgePrompt:
         """The turn that shows the response and asks for the verdict."""
         return f"Response:\n{response}\n\n{self.verdict_question}"
 
+    OWN_ANSWER = 2  # the judge's own answer's place in conversation(): what follows it is the follow-up
+
     def conversation(self, item: JudgeItem, own_answer: str, response: str) -> list[Message]:
-        """The whole exchange up to the verdict (how the follow-up turn is rendered)."""
+        """The whole exchange up to the verdict: encoded after OWN_ANSWER, the follow-up turn."""
         return [
             *self.messages(item),
             {"role": "assistant", "content": own_answer},
             {"role": "user", "content": self.followup(response)},
         ]
-
-    def followup_text(self, item: JudgeItem, response: str, render: Render) -> str:
-        """The text that closes the judge's own answer and asks for its verdict, in the model's chat
-        format (`render` is the engine's chat template, applied around a marker)."""
-        _, found, tail = render(self.conversation(item, _MARK, response)).partition(_MARK)
-        if not found:
-            raise ValueError("the chat template dropped the judge's own answer from the conversation")
-        return tail
 
     def verdict_of(self, text: str) -> str | None:
         """The verdict a Yes/No answer holds: its first Yes or No (an engine without constrained
@@ -76,7 +69,6 @@ class JudgePrompt:
         return found.group(1).capitalize() if found else None
 
 
-_MARK = "\u241f"  # stands in for the judge's own answer while the follow-up turn is rendered
 _VERDICT = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 JUDGE = JudgePrompt(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import re
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ from typing import Any, Protocol
 from pebble import ProcessExpired
 
 log = logging.getLogger(__name__)
+
+# Markup tags (<b>, </s>, <|im_end|>, <filename>) are not part of an answer, and math-verify gives up
+# on a text that starts with one: they are read as spaces, so markup cannot hide a wrong answer
+# from the verifier (sending it to the judge's Yes/No instead).
+_TAG = re.compile(r"</?\|?[A-Za-z_][\w.\-]*\|?>")
 
 # math-verify's own limits, inside the worker (its signal-based timeouts work in a process's main
 # thread); the pool's deadline catches what they cannot interrupt (a huge integer power in C).
@@ -67,7 +73,7 @@ def compare_texts(answers: Sequence[str | None], responses: Sequence[str]) -> Co
     from math_verify import parse, verify
 
     def read(text: str) -> list[Any]:
-        return parse(text, parsing_timeout=_PARSE_TIMEOUT_S)
+        return parse(_TAG.sub(" ", text), parsing_timeout=_PARSE_TIMEOUT_S)
 
     def value(text: str) -> list[Any]:
         """What a judge's answer reads as when it is a value; [] (text) otherwise."""

@@ -49,12 +49,15 @@ def test_openrlhf_request_gets_rewards_scores_and_extra_logs(url):
     r = post(url, {"query": QUERIES, "prompts": PROMPTS, "labels": ["4", "Paris"], "egrm": {"path": "short"}})
     assert r.status_code == 200, r.text
     data = r.json()
-    assert len(data["rewards"]) == 2 and all(x in (0.0, 1.0) for x in data["rewards"])
+    assert len(data["rewards"]) == 2 and all(0.0 <= x <= 1.0 for x in data["rewards"])
+    assert data["rewards"][0] == 1.0  # the label "4" reads as a number: it decides, against "4"
     assert data["scores"] == data["rewards"]
-    assert set(data["extra_logs"]) == {"egrm_consensus", "egrm_long_route"}
+    assert set(data["extra_logs"]) == {"egrm_consensus", "egrm_verdict", "egrm_long_route"}
+    assert data["extra_logs"]["egrm_verdict"][0] == 1.0
     assert data["extra_logs"]["egrm_long_route"] == [0.0, 0.0]
     assert all(0.2 <= c <= 1.0 for c in data["extra_logs"]["egrm_consensus"])
-    assert metric(url, 'egrm_request_latency_seconds_count{endpoint="/get_reward",route="short"}') >= 1
+    # One item decided by its label (route "reference"), the other by the judge: a mixed request.
+    assert metric(url, 'egrm_request_latency_seconds_count{endpoint="/get_reward",route="mixed"}') >= 1
 
 
 def test_long_route_is_logged_per_query(url):
@@ -69,10 +72,26 @@ def test_labels_reach_the_judge_as_the_reference(url):
     options = {"path": "short", "seed": 3}  # the same sampled answer both times (see below)
     assert post(url, {"query": QUERIES[:1], "prompts": PROMPTS[:1], "egrm": options}).status_code == 200
     plain = metric(url, series) - before
+    # A label that does not read as a number is shown to the judge: a longer prompt.
     before = metric(url, series)
-    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["4, the sum"], "egrm": options}
+    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["two and two make four"], "egrm": options}
     assert post(url, body).status_code == 200
     assert metric(url, series) - before > plain
+    # One that does decides by itself, with no model call, right or wrong.
+    before = metric(url, series)
+    body = {"query": QUERIES[:1] * 2, "prompts": PROMPTS[:1] * 2, "labels": [4, "5"], "egrm": options}
+    r = post(url, body)
+    assert r.json()["rewards"] == [1.0, 0.0] and metric(url, series) == before
+
+
+def test_the_policys_end_of_sequence_and_padding_are_not_the_response(url):
+    from app.api.openrlhf import without_end_markers
+
+    assert without_end_markers("4<|im_end|>\n<|endoftext|><pad><pad>") == "4"
+    assert without_end_markers("x</s>") == "x" and without_end_markers("a<|im_end|>b") == "a<|im_end|>b"
+    query = PROMPTS[0] + "The answer is 4.<|eot_id|><|end_of_text|>[PAD][PAD]"
+    body = {"query": [query], "prompts": PROMPTS[:1], "labels": ["4"]}
+    assert post(url, body).json()["rewards"] == [1.0]
 
 
 def test_without_prompts_the_whole_query_is_the_response(url):

@@ -16,7 +16,7 @@ QUESTIONS = ["Why is the sea salty?", "Name a prime number above 50.", "What doe
 
 
 def prompts(engine: EmbeddedEngine) -> list[list[int]]:
-    return [engine.encode(engine.render_chat([{"role": "user", "content": q}])) for q in QUESTIONS]
+    return [engine.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
 def hold_model_thread(engine: EmbeddedEngine) -> threading.Event:
@@ -69,7 +69,8 @@ def test_requests_batched_together_equal_requests_run_alone(plain):
     assert len({id(r[0].handle.fork) for r in together}) == 1  # they really shared one fork
     # Continuations of two requests of that fork merge into one round too.
     more = BranchParams(temperature=0, max_new_tokens=6)
-    conts = [ContinueJob(r[0].handle.fork, [b.handle.row for b in r], " So", [more, more]) for r in together[:2]]
+    so = plain.encode(" So")
+    conts = [ContinueJob(r[0].handle.fork, [b.handle.row for b in r], so, [more, more]) for r in together[:2]]
     run_rounds(plain, conts)
     merged = [[b.token_ids for b in c.future.result()] for c in conts]
     separate = [
@@ -139,8 +140,8 @@ def test_rounds_on_one_fork_share_each_forward(plain):
     run_rounds(plain, jobs)
     a, b = (j.future.result()[0] for j in jobs)
     more = BranchParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-    cont_a = ContinueJob(a.handle.fork, [a.handle.row], " Next", [more])
-    cont_b = ContinueJob(b.handle.fork, [b.handle.row], " Next", [more])
+    cont_a = ContinueJob(a.handle.fork, [a.handle.row], plain.encode(" Next"), [more])
+    cont_b = ContinueJob(b.handle.fork, [b.handle.row], plain.encode(" Next"), [more])
     rounds = plain._advance(plain._start([cont_a]))  # a is already a step ahead when b arrives
     rounds += plain._start([cont_b])
     steps_before, advances = plain.stats().decode_steps, 0

@@ -19,8 +19,8 @@ def run(coro):
 
 
 @pytest.fixture(scope="module")
-def prefix(any_engine: EmbeddedEngine) -> str:
-    return any_engine.render_chat(QUESTION)
+def prefix(any_engine: EmbeddedEngine) -> list[int]:
+    return any_engine.encode_chat(QUESTION)
 
 
 def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(any_engine, prefix):
@@ -29,7 +29,7 @@ def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(any_engine, pre
     many = run(any_engine.sample(prefix, [greedy] * 5))
     assert all(b.token_ids == one.token_ids for b in many)
     # An independent reference: transformers' own greedy generate on the same weights.
-    ids = torch.tensor([any_engine.encode(prefix)])
+    ids = torch.tensor([prefix])
     model = any_engine._m.model
     out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=any_engine._pad_id)
     expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in any_engine._m.eos_ids]
@@ -61,9 +61,9 @@ def test_constrained_choice_always_yields_an_allowed_answer(any_engine, prefix, 
     assert all(b.finish_reason is FinishReason.STOP for b in branches)
 
 
-def _model_logprobs(engine: EmbeddedEngine, prefix: str, tokens: list[int]) -> torch.Tensor:
+def _model_logprobs(engine: EmbeddedEngine, prefix: list[int], tokens: list[int]) -> torch.Tensor:
     """log-softmax of transformers' own forward at each new token's position: (len(tokens), V)."""
-    ids = engine.encode(prefix)
+    ids = list(prefix)
     with torch.no_grad():
         logits = engine._m.model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1]
     return logits.float().log_softmax(-1)
@@ -86,7 +86,7 @@ def test_logprobs_are_the_models_and_within_the_allowed_answers_when_constrained
 
 
 def test_token_accounting_is_exact(any_engine, prefix):
-    n_prefix = any_engine.count_tokens(prefix)
+    n_prefix = len(prefix)
     branches = run(
         any_engine.sample(prefix, [BranchParams(temperature=0.8, max_new_tokens=6, seed=i) for i in range(3)])
     )
@@ -119,7 +119,7 @@ def test_continuation_equals_a_fresh_prefill_of_the_whole_text(any_engine, prefi
     branches = run(any_engine.sample(prefix, [short, longer]))
     more = BranchParams(temperature=0, max_new_tokens=10)
     continued = run(any_engine.continue_branches([b.handle for b in branches], " In short,", [more, more]))
-    prefix_ids, appended = any_engine.encode(prefix), any_engine.encode(" In short,")
+    prefix_ids, appended = list(prefix), any_engine.encode(" In short,")
     for b, c in zip(branches, continued, strict=True):
         fresh = run(any_engine.sample(prefix_ids + b.token_ids + appended, [more]))[0]
         assert c.token_ids == fresh.token_ids

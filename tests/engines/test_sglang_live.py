@@ -47,7 +47,7 @@ def test_ready_and_names_its_model():
 
 def test_five_constrained_branches_share_the_cached_prompt():
     async def sample(engine):
-        ids = engine.encode(engine.render_chat(JUDGE.messages(ITEM)))
+        ids = engine.encode_chat(JUDGE.messages(ITEM))
         params = [BranchParams(temperature=x, top_p=0.95, max_new_tokens=4, allowed=JUDGE.verdicts) for x in LADDER]
         return ids, await engine.sample(ids, params)
 
@@ -64,7 +64,7 @@ def test_long_path_continues_branches_from_the_cache():
     )
 
     async def score(engine):
-        prompt = engine.count_tokens(engine.render_chat(JUDGE.messages(ITEM)))
+        prompt = len(engine.encode_chat(JUDGE.messages(ITEM)))
         return prompt, await RewardPipeline(engine, HeuristicScorer()).score_item(ITEM, options)
 
     prompt, result = run(score)

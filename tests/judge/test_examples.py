@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from app.engines.chat import chat_ids
 from app.evals.data import LabelledItem, builtin_arith, question_of
-from app.judge.examples import IGNORE, Mix, Segment, example, layout
+from app.judge.examples import IGNORE, INJECTIONS, Mix, Segment, example, layout
 from app.judge.targets import reasoning, targets, verdict
 from app.pipeline.templates import JUDGE
 
@@ -40,6 +41,8 @@ def test_every_step_of_every_reasoning_is_true_and_ends_at_the_verdict() -> None
         (47, "+", 38, "47+38=40+30+7+8=70+15=85."),
         (83, "-", 47, "83-47=83-40-7=43-7=43-3-4=40-4=36."),
         (32, "+", 9, "32+9=30+2+9=30+11=41."),
+        (32, "+", 4, "32+4=30+2+4=30+6=36."),
+        (29, "-", 9, "29-9=20+9-9=20+0=20."),
         (31, "-", 9, "31-9=31-1-8=30-8=22."),
         (83, "-", 7, "83-7=83-3-4=80-4=76."),
         (52, "*", 7, "52*7=50*7+2*7=350+14=364."),
@@ -85,15 +88,18 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
     def render(messages: list[dict[str, str]]) -> str:
         return str(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
+    def chat(messages: list[dict[str, str]], after: int | None) -> list[int]:
+        return chat_ids(tok, messages, after)
+
     def make(**mix: float):
-        ex = example(item, encode, render, EOS, random.Random(0), Mix(**mix))
+        ex = example(item, encode, chat, EOS, random.Random(0), Mix(**{"injected": 0.0, **mix}))
         learnt = tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)])
         return tok.decode(ex.ids), learnt, ex.labels.count(EOS)
 
     judge_item = item.judge_item()
     prompt = render(JUDGE.messages(judge_item))  # the rendered judge prompt from here on
     assert "630" not in prompt  # solve first: the judge answers before it sees the response
-    followup = JUDGE.followup_text(judge_item, "630 pens", render)
+    followup = tok.decode(chat(JUDGE.conversation(judge_item, "", "630 pens"), JUDGE.OWN_ANSWER))
     steps = reasoning(question_of(item))
     # Long: own answer (the computation and its result), then the reasoning; that is all the
     # verifier needs (it compares the result with the response's number).
@@ -116,6 +122,15 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
     assert learnt == steps + "No"
     # The follow-up mostly meets responses the verifier cannot read: a non-answer is always "No".
     for seed in range(20):
-        ex = example(item, encode, render, EOS, random.Random(seed), Mix(short_share=1.0, uncheckable=1.0))
+        ex = example(item, encode, chat, EOS, random.Random(seed), Mix(short_share=1.0, uncheckable=1.0))
         shown = tok.decode(ex.ids).rpartition("Response:\n")[2]
         assert "630" not in shown and tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)]).endswith("No")
+    # A response that asks for a Yes gets the truth's verdict all the same.
+    said = set()
+    for seed in range(20):
+        ex = example(item, encode, chat, EOS, random.Random(seed), Mix(short_share=1.0, wrong_own=0.0, injected=1.0))
+        shown = tok.decode(ex.ids).rpartition("Response:\n")[2]
+        said.add(tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)]).removeprefix("72*5=360"))
+        response = shown.partition("\n\nIs the response correct?")[0]
+        assert any(all(piece in response for piece in attack.split("{r}") if piece) for attack in INJECTIONS)
+    assert said == {"No"}

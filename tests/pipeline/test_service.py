@@ -39,7 +39,7 @@ class BrokenScorer(HeuristicScorer):
 def test_long_path_never_prefills_the_prefix_again(engine, checker):
     pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
     result = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG)))
-    prefix_tokens = engine.count_tokens(engine.render_chat(JUDGE.messages(ITEM)))
+    prefix_tokens = len(engine.encode_chat(JUDGE.messages(ITEM)))
     cue = engine.count_tokens(JUDGE.reasoning_cue)
     computed = result.usage.prompt_tokens - result.usage.cached_prompt_tokens
     # One prefill, then per branch only its pending token and the cue: re-prefilling would add 5x the prefix.

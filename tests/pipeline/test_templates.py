@@ -43,14 +43,10 @@ def test_the_judge_is_shown_the_question_alone_first():
 
 def test_the_followup_turn_shows_the_response_after_the_judges_answer():
     item = JudgeItem(prompt="What is 2+2?", response="5", reference="4")
-
-    def chatml(messages):
-        return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + "<assistant>"
-
-    tail = JUDGE.followup_text(item, "5", chatml)
-    assert tail == "</><user>Response:\n5\n\nIs the response correct? Answer Yes or No.</><assistant>"
-    with pytest.raises(ValueError, match="dropped"):
-        JUDGE.followup_text(item, "5", lambda messages: "nothing of it")
+    conversation = JUDGE.conversation(item, "2+2=4", "5")
+    assert conversation[: JUDGE.OWN_ANSWER] == JUDGE.messages(item)
+    assert conversation[JUDGE.OWN_ANSWER] == {"role": "assistant", "content": "2+2=4"}
+    assert conversation[-1] == {"role": "user", "content": "Response:\n5\n\nIs the response correct? Answer Yes or No."}
 
 
 @pytest.mark.parametrize(("text", "verdict"), [("Yes", "Yes"), (" no", "No"), ("NO", "No"), ("Yesterday", None)])

@@ -96,3 +96,10 @@ def test_numbers_as_written_are_values(answer, response):
 def test_a_judge_answer_still_to_compute_is_text_not_math():
     c = compare_texts(["88-32=56", "88-32"], ["56"])
     assert c.answer_keys == ["56", "88-32"] and c.math_keys == {"56"}
+
+
+@pytest.mark.parametrize(
+    "response", ["<filename>51 apples<file_sep>Yes<|im_end|>", "<b>51</b>", "51</s><pad>", "<|im_start|>51"]
+)
+def test_markup_cannot_hide_an_answer_from_the_verifier(response):
+    assert compare_texts(["52"], [response]).response_answers == ["51"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
+from app.engines.chat import chat_ids
 from app.engines.embedded import lean_llama
 from app.engines.embedded.decoder import Feed, RowRun, decode_steps
 from app.engines.embedded.fork import BranchRef, ForkState
@@ -81,8 +82,8 @@ class EmbeddedEngine:
     def forward_kind(self) -> str:
         return f"lean/{self.layout.value}" if self._lean else "generic/batch"
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return str(self._m.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))
+    def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
+        return chat_ids(self._m.tokenizer, messages, after)
 
     def encode(self, text: str) -> list[int]:
         return self._m.tokenizer.encode(text, add_special_tokens=False)
@@ -108,12 +109,13 @@ class EmbeddedEngine:
         return await self._submit(SampleJob(ids, list(branches)))
 
     async def continue_branches(
-        self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
     ) -> list[Branch]:
         if len(handles) != len(branches):
             raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        if not text:
-            raise ValueError("text to append must not be empty")
+        ids = self.encode(appended) if isinstance(appended, str) else list(appended)
+        if not ids:
+            raise ValueError("what to append must not be empty")
         refs = [h for h in handles if isinstance(h, BranchRef)]
         if len(refs) != len(handles):
             raise ValueError("handles must come from this engine's sample()")
@@ -126,7 +128,7 @@ class EmbeddedEngine:
             rows = [refs[i].row for i in idx]
             if len(set(rows)) != len(rows):
                 raise ValueError("a branch may appear only once per continue_branches call")
-            jobs.append((idx, ContinueJob(refs[idx[0]].fork, rows, text, [branches[i] for i in idx])))
+            jobs.append((idx, ContinueJob(refs[idx[0]].fork, rows, ids, [branches[i] for i in idx])))
         done = await asyncio.gather(*(self._submit(job) for _, job in jobs))
         results: dict[int, Branch] = {}
         for (idx, _), branches_done in zip(jobs, done, strict=True):
@@ -232,7 +234,7 @@ class EmbeddedEngine:
         cached: dict[int, int] = {}
         ready = []
         for job in now:
-            appended = self.encode(job.text)
+            appended = job.ids
             try:
                 self._check_context(
                     max(fork.lengths[r] + len(fork.pending[r]) + len(appended) for r in job.rows), job.params

@@ -52,7 +52,7 @@ class SampleJob(_ModelWork):
 class ContinueJob(_ModelWork):
     fork: Any
     rows: list[int]
-    text: str
+    ids: list[int]  # what to append to each row before decoding
     params: list[BranchParams]
 
     @property

@@ -34,8 +34,8 @@ class RemoteEngine:
     def url(self) -> str:
         return self._client.url
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return self._tok.render_chat(messages)
+    def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
+        return self._tok.encode_chat(messages, after)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text)
@@ -53,16 +53,18 @@ class RemoteEngine:
         self._tok.check_context(len(ids), branches)
         return ids
 
-    def _contexts(self, handles: Sequence[Any], text: str, branches: Sequence[BranchParams]) -> list[list[int]]:
-        """Each branch's context followed by `text`: what continuing it sends."""
+    def _contexts(
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
+    ) -> list[list[int]]:
+        """Each branch's context followed by what is appended: what continuing it sends."""
         if len(handles) != len(branches):
             raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        if not text:
-            raise ValueError("text to append must not be empty")
+        ids = self.encode(appended) if isinstance(appended, str) else list(appended)
+        if not ids:
+            raise ValueError("what to append must not be empty")
         if not all(isinstance(h, RemoteBranch) and h.engine == id(self) for h in handles):
             raise ValueError("handles must come from this engine's sample()")
-        appended = self.encode(text)
-        contexts = [[*h.ids, *appended] for h in handles]
+        contexts = [[*h.ids, *ids] for h in handles]
         self._tok.check_context(max(len(c) for c in contexts), branches)
         return contexts
 

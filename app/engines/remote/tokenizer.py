@@ -2,7 +2,8 @@
 
 The pipeline renders, tokenizes and counts prompts itself (prompt-token limits must be exact
 and cheap), so a remote engine keeps the served model's tokenizer in process and sends token
-ids, never text the runtime would tokenize again (a second BOS, or special tokens read as text).
+ids, never text the runtime would tokenize again (a second BOS, or a special-token string in
+user text read as the special token: see app/engines/chat.py).
 Only the tokenizer and config files of the model folder are read: no weights, no torch.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from app.engines.base import BranchParams, ContextLengthError
+from app.engines.chat import chat_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,11 @@ class LocalTokenizer:
     eos_ids: frozenset[int]
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The rendered prompt as text (for reading; what is sent is encode_chat's ids)."""
         return str(self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False))
+
+    def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
+        return chat_ids(self.tokenizer, messages, after)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
