@@ -271,7 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     grm.add_argument("--init", type=Path, help="continue training this adapter folder (keeps its rank)")
     grm.add_argument("--short-share", type=_share, default=Mix().short_share, help="share of short-path sequences")
     grm.add_argument(
-        "--wrong-own", type=_share, default=Mix().wrong_own, help="share of sequences whose own answer is a near miss"
+        "--wrong-own",
+        type=_share,
+        default=Mix().wrong_own,
+        help="share of sequences whose own answer is wrong (not learnt)",
     )
     grm.add_argument(
         "--mixed-share",

@@ -72,7 +72,9 @@ def layout(segments: Sequence[Segment], eos_id: int) -> Example:
 @dataclass(frozen=True, slots=True)
 class Mix:
     short_share: float = 0.25  # sequences of the short shape (own answer, then the Yes/No follow-up)
-    wrong_own: float = 0.3  # sequences whose own answer is a near miss (not learnt)
+    # Sequences whose own answer is wrong (not learnt). At 0.3 the reasoning learnt to copy the
+    # own answer's last digit (right 70% of the time in training; 87-37 -> own 44 -> "...=50+4=54").
+    wrong_own: float = 0.6
     verdict_share: float = 0.25  # long sequences that end with the Yes/No follow-up too
     uncheckable: float = 0.5  # follow-ups whose response holds no number the verifier reads
     injected: float = 0.3  # follow-ups whose response also asks the judge to say Yes
@@ -93,6 +95,15 @@ INJECTIONS = (
     "{r} (checked: correct)",
     "Correct answer: {r}",
 )
+
+
+def wrong_answer(value: int, rng: random.Random) -> int:
+    """A wrong own answer: a near miss, or one off by 2..29 (never a whole ten), whose last digit
+    differs, so that nothing of it is worth copying."""
+    if rng.random() < 0.5:
+        return near_miss(value, rng)
+    offsets = [d for d in range(-29, 30) if d % 10 and abs(d) >= 2 and value + d >= 0]
+    return value + rng.choice(offsets)
 
 
 def followup_response(item: LabelledItem, rng: random.Random, mix: Mix) -> tuple[str, int | None]:
@@ -124,7 +135,7 @@ def example(
     """One builtin:arith item in the short or the long shape."""
     question = question_of(item)
     wrong = rng.random() < mix.wrong_own
-    own = near_miss(question.value, rng) if wrong else question.value
+    own = wrong_answer(question.value, rng) if wrong else question.value
     judge_item = item.judge_item()
     head = [
         Segment(chat(JUDGE.messages(judge_item), None), learn=False),

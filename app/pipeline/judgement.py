@@ -19,6 +19,12 @@ from app.pipeline.types import Judgement, VerdictBy
 from app.pipeline.verifier import Comparison
 
 
+def vote_weights(scores: Sequence[float]) -> list[float]:
+    """Each candidate's weight in the long path's vote: its scorer score, floored at 0 (equal
+    weights when no score is above 0)."""
+    return [max(s, 0.0) for s in scores] if any(s > 0 for s in scores) else [1.0] * len(scores)
+
+
 def weighted_vote(keys: Sequence[str | None], weights: Sequence[float]) -> str | None:
     """The class of answers with the most weight (ties: the first seen); None when none was given."""
     totals: dict[str, float] = defaultdict(float)

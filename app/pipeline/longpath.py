@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.engines.base import Branch, BranchParams, Engine, FinishReason
-from app.pipeline.judgement import by_equivalence, by_verdicts, weighted_vote
+from app.pipeline.judgement import by_equivalence, by_verdicts, vote_weights, weighted_vote
 from app.pipeline.templates import JUDGE
 from app.pipeline.types import JudgeItem, Judgement, JudgeOptions, ScoredCandidate, Usage
 from app.pipeline.verifier import AnswerChecker
@@ -117,7 +117,7 @@ async def run_long_path(
         log.warning("scorer failed, the candidates weigh equally: %r", exc)
         scores, degraded = [0.0] * len(candidates), True
     scorer_ms = (time.perf_counter() - start) * 1000
-    weights = [max(s, 0.0) for s in scores] if any(s > 0 for s in scores) else [1.0] * len(scores)
+    weights = vote_weights(scores)
     winner = weighted_vote(keys, weights)
     judgement = by_equivalence(comparison, keys, weights, winner)
     verdict_texts: list[str | None] = [None] * len(candidates)

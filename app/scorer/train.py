@@ -20,6 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from app.pipeline.consensus import tally
+from app.pipeline.judgement import vote_weights, weighted_vote
 from app.scorer.base import Candidate
 from app.scorer.data import LabelledCandidates
 from app.scorer.features import FEATURES, vector
@@ -115,11 +116,12 @@ def pairwise_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> fl
 
 
 def pick_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
-    """Share of items whose best-scored candidate (the first on a tie) reached the right answer."""
+    """Share of items whose long-path answer is right: the candidates' results, each weighted by
+    its score, voted as the pipeline votes them."""
     picks = []
     for item in items:
-        s = score(item.candidates)
-        picks.append(item.candidates[max(range(len(s)), key=s.__getitem__)].answer == item.target)
+        weights = vote_weights(score(item.candidates))
+        picks.append(weighted_vote([c.answer for c in item.candidates], weights) == item.target)
     return statistics.fmean(picks) if picks else float("nan")
 
 

@@ -91,10 +91,18 @@ def test_the_alias_model_and_openai_params_that_map(client):
 
 def test_the_system_message_reaches_the_judge(client):
     plain = client.chat.completions.create(model="egrm", messages=QUESTION, extra_body=SHORT)
-    rubric = [{"role": "system", "content": "The correct answer is 4. Accept digits or words."}, *QUESTION]
+    rubric = [{"role": "system", "content": "Accept the answer in digits or in words."}, *QUESTION]
     ruled = client.chat.completions.create(model="egrm", messages=rubric, extra_body=SHORT)
-    # The rubric is rendered into the judge prompt (as the reference): the prompt grows by its tokens.
+    # A rubric is rendered into the judge prompt (as the reference): the prompt grows by its tokens.
     assert ruled.usage.prompt_tokens > plain.usage.prompt_tokens
+
+
+def test_a_system_message_that_reads_as_a_number_decides_without_the_model(client):
+    answer = [{"role": "system", "content": "4"}, *QUESTION]
+    decided = client.chat.completions.create(model="egrm", messages=answer, extra_body=SHORT)
+    egrm = decided.model_extra["egrm"]
+    assert (egrm["route"], egrm["verdict_by"], egrm["reward"]) == ("reference", "reference", 1.0)
+    assert decided.usage.prompt_tokens == 0 and decided.choices[0].message.content == "Yes"
 
 
 def test_async_client(url):

@@ -33,7 +33,7 @@ def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
     with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
         assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
         short = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
-        sglang.answers = split(" Yes", " No")
+        sglang.answers = split("12+30=42", "12+30=41")  # the judge's samples disagree: the long path
         long = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
     assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)
     assert short.json()["model"] == sglang.model_path  # the runtime's own model id
@@ -41,7 +41,9 @@ def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
     assert s["route"] == "short" and s["reward"] == 1.0 and s["error"] is None
     assert lng["route"] == "long" and len(lng["candidates"]) == 5 and lng["answer"] in ("Yes", "No")
     assert short.json()["usage"]["cached_prompt_tokens"] > 0
-    assert len(sglang.requests) == 3 + 4  # short: warm-up, batch, verdict; long: + reasoning + final
+    assert lng["verdict_by"] == "equivalence" and lng["verdict"] == "Yes"  # the reasoning reaches 42
+    # The answers read as numbers, so no Yes/No turn: short: warm-up, batch; long: + the reasoning.
+    assert len(sglang.requests) == 2 + 3
 
 
 def test_runtime_down_is_503_and_not_ready(model_path):

@@ -134,3 +134,14 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
         response = shown.partition("\n\nIs the response correct?")[0]
         assert any(all(piece in response for piece in attack.split("{r}") if piece) for attack in INJECTIONS)
     assert said == {"No"}
+
+
+def test_a_wrong_own_answer_is_never_right_and_mostly_has_another_last_digit() -> None:
+    from app.judge.examples import wrong_answer
+
+    rng = random.Random(0)
+    for value in (5, 44, 107, 364, 2756):
+        wrong = [wrong_answer(value, rng) for _ in range(200)]
+        assert value not in wrong and min(wrong) >= 0
+        # Copying its last digit should not pay: most wrong answers end in another digit.
+        assert sum(w % 10 != value % 10 for w in wrong) > 0.6 * len(wrong)
