@@ -99,7 +99,9 @@ class Settings(BaseSettings):
     max_prompt_tokens: int = Field(
         4096, ge=16, description="Most tokens one rendered judge prompt may have (prompt, response, template)."
     )
-    request_timeout_s: float = Field(300.0, gt=0, description="Per-request deadline; past it, 504 and work cancelled.")
+    # Under OpenRLHF's 180 s total per POST (openrlhf/utils/agent.py), so its retry never finds
+    # the first try's work still running.
+    request_timeout_s: float = Field(150.0, gt=0, description="Per-request deadline; past it, 504 and work cancelled.")
     api_keys: list[str] = Field(
         default_factory=list,
         description="Bearer keys; empty = no authentication. Env: a comma-separated list or a JSON array.",

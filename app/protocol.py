@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.config import MAX_M
 
 TemplateLiteral = Literal["verdict", "score", "pairwise"]
 
 
+def unicode_text(text: str) -> str:
+    """JSON may escape a lone surrogate (\\ud800), which no tokenizer can encode: a 422, on every route."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode text (a lone surrogate at character {exc.start})") from None
+    return text
+
+
+# User text that reaches the judge: every route's wire models take it as this type.
+Text = Annotated[str, AfterValidator(unicode_text)]
+
+
 class ErrorDetail(BaseModel):
     type: str
     message: str
     param: str | None = None
+    code: str | None = Field(None, description="OpenAI-compatible routes only: OpenAI's error code.")
 
 
 class ErrorResponse(BaseModel):
@@ -24,10 +38,10 @@ class ErrorResponse(BaseModel):
 class RewardItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(min_length=1, description="The prompt (question) the response answers.")
-    response: str = Field(description="The response under judgement (response A for pairwise).")
-    response_b: str | None = Field(None, description="The second response; pairwise template only.")
-    reference: str | None = Field(None, description="Optional reference answer shown to the judge.")
+    prompt: Text = Field(min_length=1, description="The prompt (question) the response answers.")
+    response: Text = Field(description="The response under judgement (response A for pairwise).")
+    response_b: Text | None = Field(None, description="The second response; pairwise template only.")
+    reference: Text | None = Field(None, description="Optional reference answer shown to the judge.")
     id: str | None = Field(None, max_length=256, description="Echoed back in the result.")
 
 

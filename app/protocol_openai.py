@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.protocol import CandidateOut, JudgementOut, RewardOptions, RouteLiteral, SampleOut, TimingsOut
+from app.protocol import CandidateOut, JudgementOut, RewardOptions, RouteLiteral, SampleOut, TimingsOut, unicode_text
 
 
 class TextPart(BaseModel):
@@ -26,6 +26,13 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(None, description="A string or a list of text parts.")
+
+    @field_validator("content")
+    @classmethod
+    def _unicode_content(cls, content: str | list[TextPart] | None) -> str | list[TextPart] | None:
+        for text in [content] if isinstance(content, str) else [p.text for p in content or []]:
+            unicode_text(text)
+        return content
 
     @property
     def text(self) -> str:
@@ -46,14 +53,21 @@ class ChatCompletionRequest(BaseModel):
         "the user message before it the prompt; system messages reach the judge as the reference.",
     )
     n: int | None = Field(None, description="Only 1: one judgement per request (egrm.m sets the samples).")
-    temperature: float | None = Field(None, description="Not accepted: the judge's samples use egrm.temperatures.")
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="The nucleus of every judge sample.")
     seed: int | None = Field(None, ge=0, description="Makes the judge's sampling reproducible.")
-    stream: bool | None = Field(None, description="Only false: the judgement comes back in one response.")
-    stream_options: dict[str, Any] | None = Field(None, description="Ignored (no streaming).")
-    max_tokens: int | None = Field(None, ge=1, description="Ignored: the judgement is a few tokens.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Ignored: the judgement is a few tokens.")
+    stream: bool | None = Field(None, description="True: the judgement as server-sent events (chat.completion.chunk).")
+    stream_options: dict[str, Any] | None = Field(None, description="Accepted; the usage chunk is always sent.")
+    # Sent by SDKs and frameworks (veRL's GenRM helper sends temperature): accepted, ignored, logged.
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="Ignored (logged): the judge samples a ladder; set egrm.temperatures."
+    )
+    max_tokens: int | None = Field(None, ge=1, description="Ignored (logged): the judgement is a few tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Ignored (logged).")
+    stop: str | list[str] | None = Field(None, description="Ignored (logged).")
+    logprobs: bool | None = Field(None, description="Ignored (logged); the reward is the judge's probability.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Ignored (logged).")
     user: str | None = Field(None, description="Ignored.")
+    metadata: dict[str, str] | None = Field(None, description="Ignored.")
     egrm: RewardOptions | None = Field(
         None, description="egrm's own options (m, temperatures, tau, path, template, ...); SDK: extra_body."
     )
@@ -109,6 +123,30 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: ChatUsage
     egrm: EgrmJudgement
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    finish_reason: Literal["stop"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed judgement (OpenAI's chat.completion.chunk)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: ChatUsage | None = None
+    egrm: EgrmJudgement | None = None
 
 
 class ModelCard(BaseModel):

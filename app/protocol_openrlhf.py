@@ -1,16 +1,18 @@
 """Wire models of OpenRLHF's remote reward model contract (POST /get_reward).
 
 OpenRLHF's trainer posts {"query": [...], "prompts": [...], "labels": [...]} and reads
-"rewards" (and, in its custom-reward form, "scores" and "extra_logs") back; see OpenRLHF
-openrlhf/utils/remote_rm_utils.py (remote_rm_fn: the request) and openrlhf/cli/serve_rm.py
-(the reference server: {"rewards", "scores", "extra_logs"}).
+"rewards", "scores" and "extra_logs" back; see OpenRLHF openrlhf/utils/agent.py
+(SingleTurnAgentExecutor._fetch_rewards_via_http: one query per POST, many in flight, 180 s
+total per try, 5 tries 1 s apart, any error status retried; with several reward URLs the others
+get empty lists, which must answer 200), the older openrlhf/utils/remote_rm_utils.py, and
+openrlhf/cli/serve_rm.py (the reference server: {"rewards", "scores", "extra_logs"}).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.protocol import RewardOptions
+from app.protocol import RewardOptions, Text
 
 
 class GetRewardRequest(BaseModel):
@@ -18,11 +20,11 @@ class GetRewardRequest(BaseModel):
     # know with data.get(), so unknown keys are ignored here too.
     model_config = ConfigDict(extra="ignore")
 
-    query: list[str] = Field(min_length=1, description="Prompt + response, as the policy's tokenizer decoded them.")
-    prompts: list[str] | None = Field(
+    query: list[Text] = Field(description="Prompt + response, as the policy's tokenizer decoded them.")
+    prompts: list[Text] | None = Field(
         None, description="The prompt of each query (a prefix of it); absent: the whole query is the response."
     )
-    labels: list[str | int | float | None] | None = Field(
+    labels: list[Text | int | float | None] | None = Field(
         None, description="Ground truth per query (--label_key); shown to the judge as the reference answer."
     )
     egrm: RewardOptions | None = Field(None, description="egrm's own options (m, tau, path, template, ...).")

@@ -1,4 +1,8 @@
-"""One error shape for every 4xx/5xx: {"error": {"type", "message", "param"}}."""
+"""One error shape for every 4xx/5xx: {"error": {"type", "message", "param"}}.
+
+The OpenAI-compatible routes answer as OpenAI does (openai-python reads `code`, `param` and `type`
+into its exceptions): an invalid request is a 400 with a `code`, not a 422.
+"""
 
 from __future__ import annotations
 
@@ -29,10 +33,29 @@ class ClientGoneError(Exception):
 
 
 def error_response(
-    status: int, type: str, message: str, param: str | None = None, headers: dict | None = None
+    status: int,
+    type: str,
+    message: str,
+    param: str | None = None,
+    headers: dict | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    body = ErrorResponse(error=ErrorDetail(type=type, message=message, param=param))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    body = ErrorResponse(error=ErrorDetail(type=type, message=message, param=param, code=code))
+    return JSONResponse(body.model_dump(exclude={"error": {"code"}} if code is None else None), status, headers)
+
+
+_OPENAI_ROUTES = ("/v1/chat/", "/v1/models")
+
+
+def _invalid(request: Request, message: str, param: str | None, code: str) -> JSONResponse:
+    """422 on egrm's routes; OpenAI's 400 with a code on its routes."""
+    if request.url.path.startswith(_OPENAI_ROUTES):
+        return error_response(400, "invalid_request_error", message, param, code=code)
+    return error_response(422, "invalid_request_error", message, param)
+
+
+# pydantic's error types, as OpenAI's codes
+_CODES = {"extra_forbidden": "unknown_parameter", "missing": "missing_required_parameter"}
 
 
 def param_path(loc: Sequence[Any]) -> str:
@@ -47,17 +70,19 @@ def _msg(text: str) -> str:
     return text.removeprefix("Value error, ")
 
 
-def _validation(_: Request, exc: Exception) -> JSONResponse:
+def _validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     param = param_path(first["loc"])
     message = "; ".join(f"{param_path(e['loc'])}: {_msg(e['msg'])}" for e in errors[:5]) or "invalid request"
-    return error_response(422, "invalid_request_error", message, param)
+    return _invalid(request, message, param, _CODES.get(str(first.get("type", "")), "invalid_value"))
 
 
-def _api_error(_: Request, exc: Exception) -> JSONResponse:
+def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    if exc.status == 422:
+        return _invalid(request, exc.message, exc.param, "invalid_value")
     return error_response(exc.status, exc.type, exc.message, exc.param)
 
 

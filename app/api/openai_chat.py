@@ -9,11 +9,14 @@ and its details ride in the extra top-level field `egrm`.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
 from app.api.deps import MetricsDep, PipelineDep, SettingsDep
 from app.api.errors import ApiError
@@ -32,11 +35,14 @@ from app.pipeline.types import ItemResult, JudgeItem
 from app.protocol import ErrorResponse, RewardOptions
 from app.protocol_openai import (
     ChatChoice,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,
     ChatResponseMessage,
     ChatUsage,
+    ChunkChoice,
+    ChunkDelta,
     EgrmJudgement,
     ModelCard,
     ModelList,
@@ -44,6 +50,7 @@ from app.protocol_openai import (
 )
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 MODEL_ALIAS = "egrm"
 _INSTRUCTIONS = ("system", "developer")
@@ -71,16 +78,19 @@ def check_model(requested: str, served: str) -> None:
         raise ApiError(404, message, "model", "not_found_error")
 
 
+# OpenAI parameters that have no meaning for a judgement: accepted, and each logged once.
+IGNORED = ("temperature", "max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs")
+_warned: set[str] = set()
+
+
 def chat_options(body: ChatCompletionRequest) -> RewardOptions:
-    """egrm's options from the request; OpenAI's own parameters mapped, or refused naming the field."""
+    """egrm's options from the request; OpenAI's own parameters mapped, ignored, or refused naming the field."""
     if body.n not in (None, 1):
         raise ApiError(422, "n: egrm returns one judgement per request; the judge's samples are egrm.m", "n")
-    if body.temperature is not None:
-        raise ApiError(
-            422, "temperature: the judge samples at a ladder of temperatures; set egrm.temperatures", "temperature"
-        )
-    if body.stream:
-        raise ApiError(422, "stream: streaming is not supported; the judgement comes back in one response", "stream")
+    for name in IGNORED:
+        if getattr(body, name) is not None and name not in _warned:
+            _warned.add(name)
+            log.warning("/v1/chat/completions: '%s' is accepted and ignored (logged once): %s", name, _WHY[name])
     options = body.egrm or RewardOptions()
     mapped = {"top_p": body.top_p, "seed": body.seed}
     for name, value in mapped.items():
@@ -92,6 +102,16 @@ def chat_options(body: ChatCompletionRequest) -> RewardOptions:
             422, "egrm.template: pairwise needs two responses; use POST /v1/rewards with response_b", "egrm.template"
         )
     return options
+
+
+_WHY = {
+    "temperature": "the judge samples a ladder of temperatures (egrm.temperatures)",
+    "max_tokens": "the judgement is a few tokens",
+    "max_completion_tokens": "the judgement is a few tokens",
+    "stop": "the judgement is a few tokens",
+    "logprobs": "the reward (egrm.reward) is the judge's probability",
+    "top_logprobs": "the reward (egrm.reward) is the judge's probability",
+}
 
 
 def judge_item(messages: list[ChatMessage]) -> JudgeItem:
@@ -135,7 +155,7 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERROR_RESPONSES, **_NOT_FOUND})
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, pipeline: PipelineDep, settings: SettingsDep, metrics: MetricsDep
-) -> ChatCompletionResponse:
+) -> ChatCompletionResponse | StreamingResponse:
     model = served_model(settings, pipeline)
     check_model(body.model, model)
     options = resolve_options(chat_options(body), settings)
@@ -145,7 +165,7 @@ async def chat_completions(
     )
     raise_item_errors([result], lambda _: "messages")
     verdict = judgement(result, options.template)
-    return ChatCompletionResponse(
+    completion = ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=model,
@@ -158,3 +178,24 @@ async def chat_completions(
         ),
         egrm=verdict,
     )
+    if body.stream:
+        return StreamingResponse(_events(completion), media_type="text/event-stream")
+    return completion
+
+
+def _events(completion: ChatCompletionResponse) -> Iterator[str]:
+    """The judgement as OpenAI streams a completion: the content in one chunk, the finish (with the
+    judgement in `egrm`), the usage on a chunk with no choices, then [DONE]. The judgement is
+    complete before the first event, so an error is still a plain JSON error response."""
+    head = {"id": completion.id, "created": completion.created, "model": completion.model}
+    content = ChunkDelta(role="assistant", content=completion.choices[0].message.content)
+    chunks = [
+        ChatCompletionChunk(**head, choices=[ChunkChoice(delta=content)]),
+        ChatCompletionChunk(
+            **head, choices=[ChunkChoice(delta=ChunkDelta(), finish_reason="stop")], egrm=completion.egrm
+        ),
+        ChatCompletionChunk(**head, choices=[], usage=completion.usage),
+    ]
+    for chunk in chunks:
+        yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -17,7 +17,9 @@ from app.api.scoring import (
     timings_out,
     verdict_fields,
 )
+from app.chat_text import plain_prompt, without_end_markers
 from app.config import Settings
+from app.pipeline.templates import get_template
 from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions
 from app.protocol import (
     ErrorDetail,
@@ -31,14 +33,25 @@ router = APIRouter()
 
 
 def judge_items(request: RewardRequest, options: JudgeOptions, settings: Settings) -> list[JudgeItem]:
-    check_item_count(len(request.items), settings, "items")
+    check_item_count(len(request.items), settings, "items", get_template(options.template).responses)
     if options.template == "pairwise":
         for i, item in enumerate(request.items):
             if item.response_b is None:
                 raise ApiError(
                     422, f"items[{i}].response_b is required by the pairwise template", f"items[{i}].response_b"
                 )
-    return [JudgeItem(i.prompt, i.response, i.response_b, i.reference, i.id) for i in request.items]
+    # A prompt in a policy's chat format is read as its question, and a response loses the end
+    # markers a policy's decode leaves (app/chat_text.py): the judge sees what was asked and answered.
+    return [
+        JudgeItem(
+            plain_prompt(i.prompt),
+            without_end_markers(i.response),
+            None if i.response_b is None else without_end_markers(i.response_b),
+            i.reference,
+            i.id,
+        )
+        for i in request.items
+    ]
 
 
 def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:

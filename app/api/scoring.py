@@ -43,9 +43,16 @@ def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
     )
 
 
-def check_item_count(count: int, settings: Settings, param: str) -> None:
+def check_item_count(count: int, settings: Settings, param: str, jobs_per_item: int = 1) -> None:
+    """A request too big to take: 413 once (a 429 would be retried by clients for ever)."""
     if count > settings.max_items:
         raise ApiError(413, f"at most {settings.max_items} items per request, got {count}", param)
+    if count * jobs_per_item > settings.max_queue:
+        message = (
+            f"{count} items need {count * jobs_per_item} engine jobs at once, more than the engine queue "
+            f"holds (EGRM_MAX_QUEUE={settings.max_queue}): split the request"
+        )
+        raise ApiError(413, message, param)
 
 
 def record(metrics: Metrics, results: list[ItemResult]) -> Usage:

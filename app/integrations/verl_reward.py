@@ -1,19 +1,21 @@
 """veRL custom reward functions that ask a running egrm service for E-GRM judgements.
 
 veRL loads this file by path (verl/trainer/ppo/reward.py, get_custom_reward_fn: the config's
-custom_reward_function.path, .name, and .reward_kwargs passed to every call):
+reward.custom_reward_function.path, .name, and .reward_kwargs passed to every call; an
+`async def` function is awaited):
 
-    custom_reward_function.path=<site-packages>/app/integrations/verl_reward.py
-    custom_reward_function.name=compute_score          # reward_model.reward_manager=naive: one item a call
-    custom_reward_function.name=compute_score_batch    # reward_model.reward_manager=batch: the whole batch
-    +custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
+    reward.custom_reward_function.path=<site-packages>/app/integrations/verl_reward.py
+    reward.custom_reward_function.name=compute_score_async  # reward.reward_manager.name=naive: one item a call
+    reward.custom_reward_function.name=compute_score_batch  # reward.reward_manager.name=batch
+    +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 
-The signatures are those veRL's reward managers call: NaiveRewardManager passes data_source,
-solution_str, ground_truth, extra_info (verl/workers/reward_manager/naive.py); BatchRewardManager
-passes data_sources, solution_strs, ground_truths, extra_infos (verl/workers/reward_manager/batch.py).
-veRL does not pass the prompt: it is read from extra_info["question"] (what veRL's gsm8k/math
-preprocessing stores) or extra_info["prompt"] (a string or chat messages). The ground truth is
-shown to the judge as the reference answer.
+The signatures are those veRL's reward managers call (verl/experimental/reward_loop/reward_manager/
+naive.py: data_source, solution_str, ground_truth, extra_info; batch.py: data_sources,
+solution_strs, ground_truths, extra_infos). With reward_kwargs details=true each returns a dict
+({"score", "reward", "consensus", "route"}) that veRL logs as reward_extra_info. veRL does not
+pass the prompt: it is read from extra_info["question"] (what veRL's gsm8k preprocessing stores)
+or extra_info["prompt"] (a string, chat-formatted or not, or chat messages). The ground truth is
+the reference: one that reads as a number decides by itself.
 """
 
 from __future__ import annotations
@@ -42,12 +44,36 @@ def compute_score(
     url: str | None = None,
     api_key: str | None = None,
     options: Mapping[str, Any] | None = None,
+    details: bool = False,
     **_: Any,
-) -> float:
-    """The reward in [0, 1] for one response (veRL's NaiveRewardManager form)."""
+) -> float | dict[str, Any]:
+    """The reward in [0, 1] for one response (veRL's naive manager form); with details=True a dict
+    veRL logs as reward_extra_info (its "score" is the reward)."""
     item = _item(0, solution_str, ground_truth, extra_info)
     (result,) = _sync_client(url or os.environ.get("EGRM_URL", DEFAULT_URL), _key(api_key)).score([item], options)
-    return _reward(0, result)
+    return _out(0, result, details)
+
+
+async def compute_score_async(
+    data_source: Any,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    url: str | None = None,
+    api_key: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    details: bool = False,
+    **_: Any,
+) -> float | dict[str, Any]:
+    """compute_score as a coroutine: veRL's reward loop awaits an `async def` reward function
+    (inspect.iscoroutinefunction in verl/trainer/ppo/reward.py and its reward managers), so
+    thousands of items are in flight on one event loop instead of one thread each."""
+    item = _item(0, solution_str, ground_truth, extra_info)
+    target = url or os.environ.get("EGRM_URL", DEFAULT_URL)
+    async with AsyncEgrmClient(target, api_key=_key(api_key)) as client:
+        (result,) = await client.score([item], options)
+    return _out(0, result, details)
 
 
 def compute_score_batch(
@@ -61,9 +87,10 @@ def compute_score_batch(
     options: Mapping[str, Any] | None = None,
     batch_size: int = 64,
     concurrency: int = 4,
+    details: bool = False,
     **_: Any,
-) -> list[float]:
-    """One reward per response, in order (veRL's BatchRewardManager form): batched, concurrent requests."""
+) -> list[float] | list[dict[str, Any]]:
+    """One reward per response, in order (veRL's batch manager form): batched, concurrent requests."""
     infos = list(extra_infos) if extra_infos is not None else [None] * len(solution_strs)
     items = [_item(i, s, g, e) for i, (s, g, e) in enumerate(zip(solution_strs, ground_truths, infos, strict=True))]
 
@@ -74,7 +101,10 @@ def compute_score_batch(
         ) as client:
             return await client.score(items, options)
 
-    return [_reward(i, r) for i, r in enumerate(_run(score()))]
+    results = _run(score())
+    if details:
+        return [_details(i, r) for i, r in enumerate(results)]
+    return [_reward(i, r) for i, r in enumerate(results)]
 
 
 def _item(i: int, solution: str, ground_truth: Any, extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -103,6 +133,17 @@ def _reward(i: int, result: RewardResult) -> float:
         message = result.error.message if result.error else "no reward"
         raise EgrmError(f"item {i} could not be judged: {message}")
     return result.reward
+
+
+def _details(i: int, result: RewardResult) -> dict[str, Any]:
+    """The same keys for every item (veRL reads the first item's keys from all of them)."""
+    reward = _reward(i, result)
+    route = result.route or ""
+    return {"score": reward, "reward": reward, "consensus": result.consensus, "route": route}
+
+
+def _out(i: int, result: RewardResult, details: bool) -> float | dict[str, Any]:
+    return _details(i, result) if details else _reward(i, result)
 
 
 def _key(api_key: str | None) -> str | None:

@@ -175,6 +175,16 @@ def test_odd_unicode_empty_and_large_strings(client):
     assert result["error"] is None and result["answer"] in ("Yes", "No")
 
 
+def test_a_request_that_can_never_fit_the_engine_queue_is_refused_once(engine):
+    with TestClient(create_app(Settings(max_queue=3), engine=engine)) as c:
+        r = post(c, {"items": [ITEM] * 4})
+        pair = {**ITEM, "response_b": "5"}
+        pairwise = post(c, {"items": [pair] * 2, "options": {"template": "pairwise"}})  # two jobs an item
+    for refused in (r, pairwise):
+        assert refused.status_code == 413 and refused.json()["error"]["param"] == "items", refused.text
+        assert "EGRM_MAX_QUEUE=3" in refused.json()["error"]["message"]
+
+
 def test_health_and_readiness(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
@@ -199,3 +209,22 @@ def test_a_full_engine_queue_gives_429_with_retry_after(loaded_fp32):
         import asyncio
 
         asyncio.run(engine.close())
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/rewards", '{"items": [{"prompt": "What is 2+2?", "response": "4\\ud800"}]}', "items[0].response"),
+        ("/get_reward", '{"query": ["a\\ud800 4"], "prompts": ["a"]}', "query[0]"),
+        (
+            "/v1/chat/completions",
+            '{"model": "egrm", "messages": [{"role": "user", "content": "a\\udc00"}, '
+            '{"role": "assistant", "content": "4"}]}',
+            "messages[0].content",
+        ),
+    ],
+)
+def test_a_lone_surrogate_is_a_422_naming_the_field_on_every_route(client, path, body, param):
+    r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
+    assert "surrogate" in r.json()["error"]["message"] or "unicode" in r.json()["error"]["message"]

@@ -124,37 +124,76 @@ def test_async_client(url):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "status", "param"),
+    ("kwargs", "status", "param", "code"),
     [
-        ({"model": "gpt-4o"}, 404, "model"),
-        ({"n": 2}, 422, "n"),
-        ({"temperature": 0.2}, 422, "temperature"),
-        ({"stream": True}, 422, "stream"),
-        ({"seed": 1, "extra_body": {"egrm": {"seed": 2}}}, 422, "seed"),
-        ({"extra_body": {"egrm": {"m": 17}}}, 422, "egrm.m"),
-        ({"extra_body": {"egrm": {"template": "pairwise"}}}, 422, "egrm.template"),
-        ({"messages": [{"role": "user", "content": "hi"}]}, 422, "messages"),
-        ({"messages": [*QUESTION, {"role": "user", "content": "and?"}]}, 422, "messages[2]"),
+        ({"model": "gpt-4o"}, 404, "model", None),
+        ({"n": 2}, 400, "n", "invalid_value"),
+        ({"seed": 1, "extra_body": {"egrm": {"seed": 2}}}, 400, "seed", "invalid_value"),
+        ({"temperature": 3.0}, 400, "temperature", "invalid_value"),
+        ({"extra_body": {"egrm": {"m": 17}}}, 400, "egrm.m", "invalid_value"),
+        ({"extra_body": {"egrm": {"template": "pairwise"}}}, 400, "egrm.template", "invalid_value"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "messages", "invalid_value"),
+        ({"messages": [*QUESTION, {"role": "user", "content": "and?"}]}, 400, "messages[2]", "invalid_value"),
         (
             {"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]},
-            422,
+            400,
             "messages[0]",
+            "invalid_value",
         ),
         (
             {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "4"}]},
-            422,
+            400,
             "messages[0].content",
+            "invalid_value",
         ),
-        ({"messages": [{"role": "wizard", "content": "x"}, *QUESTION]}, 422, "messages[0].role"),
-        ({"extra_body": {"logit_bias": {"1": 2}}}, 422, "logit_bias"),
+        ({"messages": [{"role": "wizard", "content": "x"}, *QUESTION]}, 400, "messages[0].role", "invalid_value"),
+        ({"extra_body": {"logit_bias": {"1": 2}}}, 400, "logit_bias", "unknown_parameter"),
     ],
 )
-def test_refusals_name_the_field_in_the_sdk_error(client, kwargs, status, param):
+def test_refusals_are_openais_400_naming_the_field_in_the_sdk_error(client, kwargs, status, param, code):
     request = {"model": "egrm", "messages": QUESTION, **kwargs}
     with pytest.raises(openai.APIStatusError) as err:
         client.chat.completions.create(**request)
     assert err.value.status_code == status, err.value.message
-    assert err.value.param == param and err.value.type
+    assert err.value.param == param and err.value.code == code
+    assert err.value.type == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_the_parameters_sdks_send_are_accepted(client):
+    """veRL's GenRM helper and SDK defaults send these; seed maps, the others are ignored and logged."""
+    sent = {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "max_tokens": 8,
+        "max_completion_tokens": 8,
+        "n": 1,
+        "seed": 3,
+        "stop": ["\n"],
+        "user": "trainer-7",
+        "metadata": {"run": "ppo"},
+        "logprobs": False,
+    }
+    a = client.chat.completions.create(model="egrm", messages=QUESTION, **sent)
+    b = client.chat.completions.create(model="egrm", messages=QUESTION, seed=3, top_p=0.9)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.model_extra["egrm"]["reward"] == b.model_extra["egrm"]["reward"]  # the seed reached the judge
+
+
+def test_stream_true_answers_server_sent_events_the_sdk_reads(client, url):
+    chunks = list(
+        client.chat.completions.create(
+            model="egrm", messages=QUESTION, stream=True, stream_options={"include_usage": True}, extra_body=SHORT
+        )
+    )
+    whole = client.chat.completions.create(model="egrm", messages=QUESTION, extra_body=SHORT)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert chunks[1].model_extra["egrm"]["reward"] == whole.model_extra["egrm"]["reward"]
+    raw = httpx.post(f"{url}/v1/chat/completions", json={"model": "egrm", "messages": QUESTION, "stream": True})
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 4
 
 
 def test_a_prompt_over_the_token_limit_names_messages(engine):

@@ -7,6 +7,7 @@ template applied) followed by the decoded response.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -85,7 +86,7 @@ def test_labels_reach_the_judge_as_the_reference(url):
 
 
 def test_the_policys_end_of_sequence_and_padding_are_not_the_response(url):
-    from app.api.openrlhf import without_end_markers
+    from app.chat_text import without_end_markers
 
     assert without_end_markers("4<|im_end|>\n<|endoftext|><pad><pad>") == "4"
     assert without_end_markers("x</s>") == "x" and without_end_markers("a<|im_end|>b") == "a<|im_end|>b"
@@ -94,18 +95,61 @@ def test_the_policys_end_of_sequence_and_padding_are_not_the_response(url):
     assert post(url, body).json()["rewards"] == [1.0]
 
 
-def test_without_prompts_the_whole_query_is_the_response(url):
-    # Seeded: the short path's follow-up turn continues the majority's branch, so the prompt
-    # tokens it counts include that sampled answer; unseeded, two equal requests differ by its length.
+def test_without_prompts_a_chat_query_is_read_as_turns(url):
+    # Seeded: the same samples each time, so equal judge prompts count equal prompt tokens.
     options = {"path": "short", "seed": 3}
     series = "egrm_prompt_tokens_total"
     before = metric(url, series)
-    r = post(url, {"query": QUERIES[:1], "egrm": options})  # OpenRLHF's older remote_rm_fn
+    r = post(url, {"query": QUERIES[:1], "egrm": options})  # OpenRLHF's older remote_rm_fn: no prompts
     assert r.status_code == 200 and len(r.json()["rewards"]) == 1
-    absent = metric(url, series) - before
+    alone = metric(url, series) - before
     before = metric(url, series)
-    assert post(url, {"query": QUERIES[:1], "prompts": [""], "egrm": options}).status_code == 200
-    assert metric(url, series) - before == absent
+    assert post(url, {"query": QUERIES[:1], "prompts": PROMPTS[:1], "egrm": options}).json() == r.json()
+    assert metric(url, series) - before == alone
+
+
+CHATML = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+)
+LLAMA3 = (
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
+    "<|start_header_id|>user<|end_header_id|>\n\n{q}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+)
+ASKED = [("What is 7+8?", "15"), ("What is 9*6?", "The answer is 53."), ("What is 13-5?", "13 - 5 = 8")]
+
+
+@pytest.mark.parametrize(("template", "eos"), [(CHATML, "<|im_end|>"), (LLAMA3, "<|eot_id|><|end_of_text|>")])
+def test_the_policys_chat_template_is_not_the_question(url, template, eos):
+    """Wrapped in the policy's chat markup (ChatML, Llama 3), with or without prompts, or with the
+    query's head cut off by the trainer: the judge reads the question and the response alone, so
+    each reward is the plain item's on /v1/rewards, with the same seed."""
+    options = {"path": "short", "seed": 4}
+    plain = [{"prompt": q, "response": r} for q, r in ASKED]
+    expected = httpx.post(f"{url}/v1/rewards", json={"items": plain, "options": options}, timeout=180).json()
+    rewards = [r["reward"] for r in expected["results"]]
+    assert rewards[1] < rewards[0]  # 53 is wrong, 15 right
+    prompts = [template.format(q=q) for q, _ in ASKED]
+    queries = [p + r + eos for p, (_, r) in zip(prompts, ASKED, strict=True)]
+    for body in (
+        {"query": queries, "prompts": prompts},
+        {"query": queries},
+        {"query": [q[40:] for q in queries], "prompts": prompts},  # left-truncated queries
+    ):
+        r = post(url, {**body, "egrm": options})
+        assert r.status_code == 200 and r.json()["rewards"] == rewards, (body, r.text)
+    wrapped = [{"prompt": p, "response": r + eos} for p, (_, r) in zip(prompts, ASKED, strict=True)]
+    again = httpx.post(f"{url}/v1/rewards", json={"items": wrapped, "options": options}, timeout=180).json()
+    assert [r["reward"] for r in again["results"]] == rewards
+
+
+def test_empty_lists_answer_empty_lists(url):
+    """OpenRLHF with several reward URLs posts one query to the first and empty lists to the others;
+    any error there fails the whole reward fetch."""
+    r = post(url, {"query": [], "prompts": [], "labels": []})
+    assert r.status_code == 200, r.text
+    empty = {"egrm_consensus": [], "egrm_verdict": [], "egrm_long_route": []}
+    assert r.json() == {"rewards": [], "scores": [], "extra_logs": empty}
 
 
 def test_unknown_keys_from_forks_are_ignored(url):
@@ -116,10 +160,8 @@ def test_unknown_keys_from_forks_are_ignored(url):
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        ({"query": QUERIES, "prompts": [PROMPTS[0], PROMPTS[0]]}, 422, "query[1]"),
         ({"query": QUERIES, "prompts": PROMPTS[:1]}, 422, "prompts"),
         ({"query": QUERIES, "prompts": PROMPTS, "labels": ["4"]}, 422, "labels"),
-        ({"query": []}, 422, "query"),
         ({"prompts": PROMPTS}, 422, "query"),
         ({"query": [1, 2]}, 422, "query[0]"),
         ({"query": QUERIES * 3, "prompts": PROMPTS * 3}, 413, "query"),
@@ -145,3 +187,27 @@ def test_an_item_the_model_cannot_judge_fails_the_request_naming_it(engine):
         r = post(base, {"query": ["4", "word " * 9000], "prompts": ["", ""], "egrm": {"path": "short"}})
     assert r.status_code == 422 and r.json()["error"]["param"] == "query[1]"
     assert "context" in r.json()["error"]["message"]
+
+
+def test_a_rollout_burst_of_256_one_query_posts_all_get_rewards(engine):
+    """OpenRLHF's agent posts one query per sample, all at once (openrlhf/utils/agent.py): on the
+    default settings 256 concurrent one-item POSTs queue and all get a reward (no 429, no 504)."""
+
+    async def burst(base: str) -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(base_url=base, timeout=180, limits=limits) as http:
+            calls = []
+            for i in range(256):
+                a, b = 10 + i % 40, 3 + i % 7
+                prompt = f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n"
+                answer = a + b + (i % 2)  # half right, half off by one
+                body = {"query": [f"{prompt}{answer}<|im_end|>"], "prompts": [prompt], "labels": [None]}
+                calls.append(http.post("/get_reward", json=body))
+            return list(await asyncio.gather(*calls))
+
+    with serve(create_app(Settings(), engine=engine)) as base:
+        answers = asyncio.run(burst(base))
+    assert [r.status_code for r in answers] == [200] * 256, {r.status_code for r in answers}
+    rewards = [r.json()["rewards"][0] for r in answers]
+    right, wrong = rewards[0::2], rewards[1::2]
+    assert sum(right) / 128 > sum(wrong) / 128 + 0.5  # and they mean something: right answers score higher

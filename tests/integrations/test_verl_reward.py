@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +88,27 @@ def test_missing_prompt_and_server_refusals_are_clear(url):
     with pytest.raises(EgrmAPIError) as err:
         verl_reward.compute_score("x", "4", "4", {"question": "2+2?"}, url=url, options={"tau": 3})
     assert err.value.param == "options.tau"
+
+
+def test_the_async_form_is_awaited_like_verls_reward_loop(url):
+    """veRL awaits an `async def` reward function (inspect.iscoroutinefunction), many at once."""
+    compute_score_async = load_like_verl("compute_score_async", {"url": url, "options": {"path": "short", "seed": 1}})
+    assert inspect.iscoroutinefunction(importlib.import_module("app.integrations.verl_reward").compute_score_async)
+
+    async def rollout() -> list[float]:
+        calls = [
+            compute_score_async(data_source="gsm8k", solution_str=s, ground_truth=t, extra_info={"question": q})
+            for q, s, t in zip(QUESTIONS, SOLUTIONS, TRUTHS, strict=True)
+        ]
+        return list(await asyncio.gather(*calls))
+
+    scores = asyncio.run(rollout())
+    assert scores[0] == scores[2] == 1.0 and 0.0 <= scores[1] < 0.5
+
+
+def test_details_give_the_same_keys_for_every_item(url):
+    compute_score_batch = load_like_verl("compute_score_batch", {"url": url, "details": True, "batch_size": 2})
+    out = compute_score_batch(["gsm8k"] * 3, SOLUTIONS, TRUTHS, [{"question": q} for q in QUESTIONS])
+    assert [set(d) for d in out] == [{"score", "reward", "consensus", "route"}] * 3
+    assert [d["route"] for d in out] == ["reference", out[1]["route"], "reference"] and out[0]["score"] == 1.0
+    assert all(d["score"] == d["reward"] for d in out)
