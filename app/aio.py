@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -20,3 +20,23 @@ async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def within_deadline(calls: Sequence[Awaitable[T]], timeout_s: float, late: Callable[[], T]) -> list[T]:
+    """Await all calls, in order, for at most timeout_s: the ones still running then are cancelled
+    and answered by late(). A call that fails cancels the others and re-raises, as gather_or_cancel."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in done if t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()  # type: ignore[misc]
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return [late() if t in pending else t.result() for t in tasks]

@@ -24,6 +24,7 @@ def _share(text: str) -> float:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.api.http_protocol import with_header_deadline
     from app.main import create_app
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -36,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        http=with_header_deadline(settings.header_timeout_s),
     )
     return 0
 
@@ -43,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _scorer(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.api.http_protocol import with_header_deadline
     from app.scorer.registry import ScorerLoadError, load_scorer
     from app.scorer.worker import create_worker_app
 
@@ -51,7 +54,8 @@ def _scorer(args: argparse.Namespace) -> int:
     except ScorerLoadError as exc:
         print(f"egrm scorer: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_worker_app(scorer), host=args.host, port=args.port, log_level=args.log_level)
+    http = with_header_deadline(Settings().header_timeout_s)
+    uvicorn.run(create_worker_app(scorer), host=args.host, port=args.port, log_level=args.log_level, http=http)
     return 0
 
 

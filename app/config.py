@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     long_max_tokens: int = Field(128, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
     max_items: int = Field(256, ge=1, description="Most items in one request.")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send its request headers within this (else it is closed)."
+    )
+    body_timeout_s: float = Field(30.0, gt=0, description="A request body must arrive within this (408 past it).")
     max_prompt_tokens: int = Field(
         4096, ge=16, description="Most tokens one rendered judge prompt may have (prompt, response, template)."
     )

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from app.api import health, openai_chat, openrlhf, rewards
 from app.api.errors import install_error_handlers
 from app.api.guards import GuardMiddleware
+from app.api.readiness import ReadinessMonitor
 from app.config import Settings
 from app.engines.base import Engine
 from app.gpu_sampler import GpuSampler
@@ -139,9 +140,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         await asyncio.to_thread(gpus.start)  # loading the NVML library and a first reading block
         app.state.metrics.watch_gpus(gpus.latest)
         app.state.pipeline = RewardPipeline(the_engine, the_scorer)
+        app.state.readiness = ReadinessMonitor(the_engine, the_scorer)
+        await app.state.readiness.start()
         try:
             yield
         finally:
+            await app.state.readiness.close()
             await app.state.pipeline.close()
             await asyncio.to_thread(gpus.close)
             if owned:
@@ -156,6 +160,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         api_keys=settings.api_keys,
         open_paths=settings.open_paths,
         max_body_bytes=settings.max_body_bytes,
+        body_timeout_s=settings.body_timeout_s,
     )
     app.include_router(rewards.router)
     app.include_router(openai_chat.router)

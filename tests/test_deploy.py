@@ -229,6 +229,10 @@ def test_api_deployment_probes_port_env_and_resources():
     c = container(api)
     assert probe_path_and_port(c, "livenessProbe") == ("/healthz", SETTINGS_PORT)
     assert probe_path_and_port(c, "readinessProbe") == ("/readyz", SETTINGS_PORT)
+    # Readiness answers from a check made in the background, which gives up after 1 s: the probe
+    # waits longer than that, and the deadline OpenRLHF retries after is longer than egrm's.
+    assert all(c[p]["timeoutSeconds"] >= 2 for p in ("livenessProbe", "readinessProbe", "startupProbe"))
+    assert float(k8s("ConfigMap", "egrm-config")["data"]["EGRM_REQUEST_TIMEOUT_S"]) < 180
     assert c["command"] == ["egrm", "serve", "--host", "0.0.0.0"]
     config = k8s("ConfigMap", "egrm-config")["data"]
     assert {"configMapRef": {"name": "egrm-config"}} in c["envFrom"]

@@ -1,7 +1,8 @@
-"""ASGI guards in front of every route: API keys and the request-body limit."""
+"""ASGI guards in front of every route: API keys, the request-body limit and its read deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Iterable
 
@@ -18,9 +19,11 @@ class GuardMiddleware:
         open_paths: Iterable[str],
         max_body_bytes: int,
         limit_name: str = "EGRM_MAX_BODY_BYTES",  # what the 413 message names as the limit
+        body_timeout_s: float = 30.0,
     ):
         self.app = app
         self._limit_name = limit_name
+        self._body_timeout_s = body_timeout_s
         self._keys = [k.encode() for k in api_keys]
         self._open = set(open_paths)
         self._max_body = max_body_bytes
@@ -41,26 +44,30 @@ class GuardMiddleware:
             await response(scope, receive, send)
             return
         declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit():
-            if int(declared) > self._max_body:
-                await self._too_large(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
+            await self._too_large(scope, receive, send)
             return
-        # No Content-Length (chunked): read the body here, up to the limit, then replay it.
+        # The whole body is read here, within the limit and the deadline, then replayed: a client
+        # that trickles it (or declares more than it sends) cannot hold a connection for ever.
         messages: list[Message] = []
         seen = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            seen += len(message.get("body", b""))
-            if seen > self._max_body:
-                await self._too_large(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self._body_timeout_s):
+                while True:
+                    message = await receive()
+                    messages.append(message)
+                    if message["type"] != "http.request":
+                        break
+                    seen += len(message.get("body", b""))
+                    if seen > self._max_body:
+                        await self._too_large(scope, receive, send)
+                        return
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            text = f"the request body did not arrive within EGRM_BODY_TIMEOUT_S={self._body_timeout_s:g}s"
+            await error_response(408, "timeout_error", text, "body", {"Connection": "close"})(scope, receive, send)
+            return
         await self.app(scope, _replay(messages, receive), send)
 
     def _authorized(self, header: bytes | None) -> bool:

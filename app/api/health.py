@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from app.api.deps import MetricsDep, PipelineDep
+from app.api.deps import MetricsDep
 from app.metrics import CONTENT_TYPE
 
 router = APIRouter()
@@ -26,8 +24,9 @@ class Readiness(BaseModel):
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(pipeline: PipelineDep) -> JSONResponse:
-    engine, scorer = await asyncio.gather(pipeline.engine.ready(), pipeline.scorer.ready())
+async def readyz(request: Request) -> JSONResponse:
+    state = request.app.state.readiness.state  # checked in the background (app/api/readiness.py)
+    engine, scorer = state.engine, state.scorer
     # Only the engine decides readiness. A scorer that does not answer costs long-path quality
     # (those items degrade to the candidates' majority, flagged and counted), not answers; taking
     # every replica out of the load balancer because a shared scorer worker is down would turn

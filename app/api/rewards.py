@@ -68,7 +68,7 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         samples=samples_out(r),
         candidates=candidates_out(r),
         degraded=r.degraded,
-        error=ErrorDetail(type="item_error", message=r.error, param=f"items[{index}]") if r.error else None,
+        error=ErrorDetail(type=r.error_type, message=r.error, param=f"items[{index}]") if r.error else None,
         timings=timings_out(r),
     )
 

@@ -43,6 +43,9 @@ def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
     )
 
 
+_BACKSTOP_S = 5.0  # past the deadline, for work outside the items (encoding a huge batch)
+
+
 def check_item_count(count: int, settings: Settings, param: str, jobs_per_item: int = 1) -> None:
     """A request too big to take: 413 once (a 429 would be retried by clients for ever)."""
     if count > settings.max_items:
@@ -88,9 +91,11 @@ async def score_items(
     """
     start = time.perf_counter()
     with metrics.in_flight.track_inprogress():
-        work = pipeline.score(items, options, settings.max_prompt_tokens)
+        # The pipeline keeps the deadline (items still running then get a timeout error, the
+        # finished ones their results); the guard's own is a backstop a little later.
+        work = pipeline.score(items, options, settings.max_prompt_tokens, settings.request_timeout_s)
         try:
-            results = await guarded(request, work, settings.request_timeout_s, metrics)
+            results = await guarded(request, work, settings.request_timeout_s + _BACKSTOP_S, metrics)
         except PromptTooLongError as exc:
             if item_param is None:
                 raise
@@ -99,14 +104,24 @@ async def score_items(
                 f"the limit is EGRM_MAX_PROMPT_TOKENS={exc.limit}"
             )
             raise ApiError(413, message, item_param(exc.index)) from exc
+    late = [r.error_type == "timeout_error" for r in results]
+    if any(late):
+        metrics.cancelled.labels(reason="deadline").inc()
+    if late and all(late):
+        raise ApiError(
+            504, f"request exceeded EGRM_REQUEST_TIMEOUT_S={settings.request_timeout_s:g}s", None, "timeout_error"
+        )
     usage = record(metrics, results)
     metrics.observe_request(endpoint, {r.route.value for r in results if r.route}, time.perf_counter() - start)
     return results, usage
 
 
 def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int], str]) -> None:
-    """For wire formats without a per-item error slot: the first item that failed fails the request."""
+    """For wire formats without a per-item error slot: the first item that failed fails the request
+    (504 if it ran out of time)."""
     for i, r in enumerate(results):
+        if r.error_type == "timeout_error":
+            raise ApiError(504, f"{item_param(i)}: {r.error}", item_param(i), "timeout_error")
         if r.error is not None:
             raise ApiError(422, f"{item_param(i)} could not be judged: {r.error}", item_param(i))
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from app.aio import gather_or_cancel
+from app.aio import gather_or_cancel, within_deadline
 from app.engines.base import Branch, BranchParams, Engine
 from app.pipeline.consensus import choose_route, tally
 from app.pipeline.judgement import by_equivalence, by_exact, by_verdicts
@@ -44,6 +44,11 @@ class PromptTooLongError(Exception):
         self.index, self.tokens, self.limit = index, tokens, limit
 
 
+def timed_out(deadline_s: float) -> ItemResult:
+    message = f"not judged within the request's deadline ({deadline_s:g} s); the other items were"
+    return ItemResult(None, None, None, 0.0, {}, error=message, error_type="timeout_error")
+
+
 class RewardPipeline:
     def __init__(self, engine: Engine, scorer: Scorer, checker: AnswerChecker | None = None):
         """checker: how answers are compared; by default math-verify in a worker process of its own
@@ -57,23 +62,31 @@ class RewardPipeline:
         await self.checker.close()
 
     async def score(
-        self, items: Sequence[JudgeItem], options: JudgeOptions, max_prompt_tokens: int | None = None
+        self,
+        items: Sequence[JudgeItem],
+        options: JudgeOptions,
+        max_prompt_tokens: int | None = None,
+        deadline_s: float | None = None,
     ) -> list[ItemResult]:
         """One result per item, in order; an item whose input the engine rejects gets an error.
 
         Every prompt is rendered and tokenized once, here; an item over max_prompt_tokens raises
-        PromptTooLongError before any model work starts.
+        PromptTooLongError before any model work starts. At deadline_s (from the call) the items
+        still running are cancelled and get a timeout error; the finished ones keep their results.
         """
+        start = time.perf_counter()
         prompts = await self.encode_prompts(items)
         if max_prompt_tokens is not None:
             for i, size in enumerate(await self._judged_tokens(items, options.template, prompts)):
                 if size > max_prompt_tokens:
                     raise PromptTooLongError(i, size, max_prompt_tokens)
-        # One item failing the whole request (e.g. the engine queue is full) stops the others
-        # instead of leaving their work running for nobody (their queued jobs are cancelled).
-        return await gather_or_cancel(
-            [self._score_or_error(item, ids, options) for item, ids in zip(items, prompts, strict=True)]
-        )
+        calls = [self._score_or_error(item, ids, options) for item, ids in zip(items, prompts, strict=True)]
+        if deadline_s is None:
+            # One item failing the whole request (e.g. the engine queue is full) stops the others
+            # instead of leaving their work running for nobody (their queued jobs are cancelled).
+            return await gather_or_cancel(calls)
+        left = max(0.0, deadline_s - (time.perf_counter() - start))
+        return await within_deadline(calls, left, lambda: timed_out(deadline_s))
 
     async def encode_prompts(self, items: Sequence[JudgeItem]) -> list[list[int]]:
         """The token ids of each item's judge prompt (what the engine will prefill)."""

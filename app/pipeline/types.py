@@ -143,5 +143,6 @@ class ItemResult:
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False
     error: str | None = None
+    error_type: str = "item_error"  # or "timeout_error": not judged within the request's deadline
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)

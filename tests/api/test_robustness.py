@@ -91,6 +91,17 @@ def test_deadline_gives_504_and_the_service_goes_on(base_model_path):
         r = httpx.post(f"{url}/v1/rewards", json={**LONG, "options": {"path": "long", "m": 16}}, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
         assert metric(url, 'egrm_cancelled_requests_total{reason="deadline"}') == 1
+        # Items that finish in time keep their results: only the late one gets a timeout error.
+        decided = {"prompt": "What is 2+2?", "response": "4", "reference": "4"}  # no model call
+        batch = {"items": [decided, *LONG["items"]], "options": {"path": "long", "m": 16}}
+        r = httpx.post(f"{url}/v1/rewards", json=batch, timeout=60)
+        assert r.status_code == 200, r.text
+        first, late = r.json()["results"]
+        assert first["reward"] == 1.0 and first["error"] is None
+        assert (
+            late["reward"] is None and late["error"]["type"] == "timeout_error" and late["error"]["param"] == "items[1]"
+        )
+        assert metric(url, 'egrm_cancelled_requests_total{reason="deadline"}') == 2
         assert httpx.post(f"{url}/v1/rewards", json=SHORT, timeout=60).status_code == 200
 
 
@@ -142,3 +153,30 @@ def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatc
         r = c.post("/v1/rewards", json=SHORT)
         assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
         assert c.post("/v1/rewards", json=SHORT).status_code == 200
+
+
+def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float]:
+    """What the server sends until it closes the connection, and after how long."""
+    sock.settimeout(limit_s)
+    started, got = time.monotonic(), b""
+    while chunk := sock.recv(4096):
+        got += chunk
+    return got, time.monotonic() - started
+
+
+def test_slow_clients_are_cut_off_at_the_header_and_body_deadlines(model_path):
+    env = {"EGRM_MODEL": str(model_path), "EGRM_HEADER_TIMEOUT_S": "1", "EGRM_BODY_TIMEOUT_S": "1"}
+    with running_server(env) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as slow_head:  # a head that never ends
+            slow_head.sendall(b"POST /v1/rewards HTTP/1.1\r\nHost: x\r\n")
+            got, after = _read_until_closed(slow_head, 10)
+        assert got == b"" and after < 5  # closed, with nothing to say
+        with socket.create_connection((host, int(port))) as slow_body:  # 10 of 100 declared bytes
+            head = (
+                b"POST /v1/rewards HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            )
+            slow_body.sendall(head + b'{"items": ')
+            got, after = _read_until_closed(slow_body, 10)
+        assert got.startswith(b"HTTP/1.1 408") and b"EGRM_BODY_TIMEOUT_S" in got and after < 5
+        assert httpx.post(f"{url}/v1/rewards", json=SHORT, timeout=60).status_code == 200  # the rest is served

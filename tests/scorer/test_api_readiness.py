@@ -1,5 +1,8 @@
 """The API's scorer choice as its lifespan makes it, seen through /readyz (real model engine)."""
 
+import socket
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -25,3 +28,17 @@ def test_an_unreachable_worker_is_reported_but_the_api_stays_ready(engine):
 def test_a_scorer_passed_in_wins_over_the_url(engine):
     settings = Settings(scorer_url=f"http://127.0.0.1:{free_port()}")
     assert readyz(settings, engine, HeuristicScorer()) == (200, {"ready": True, "engine": True, "scorer": True})
+
+
+def test_a_scorer_that_never_answers_does_not_hold_readyz(engine):
+    """It accepts TCP and says nothing: /readyz still answers at once, from the last background check."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        settings = Settings(scorer_url=f"http://127.0.0.1:{hung.getsockname()[1]}", scorer_timeout_s=30)
+        with TestClient(create_app(settings, engine=engine)) as client:
+            started = time.perf_counter()
+            answers = [client.get("/readyz") for _ in range(5)]
+            took = (time.perf_counter() - started) / 5
+    assert all(a.json() == {"ready": True, "engine": True, "scorer": False} for a in answers)
+    assert took < 0.2, took  # the check itself gives up after 1 s, in the background

@@ -2,12 +2,14 @@
 happens to them when the worker dies, comes back, or hangs."""
 
 import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from app.api import readiness
 from loadtest.serverproc import free_port, running_server, scorer_process
 from tests.scorer.scrape import metric
 
@@ -52,17 +54,22 @@ def assert_scored(response: httpx.Response, n: int) -> list[dict]:
     return results
 
 
-def scorer_ready(api: str) -> bool:
-    r = httpx.get(f"{api}/readyz", timeout=10)
-    assert r.status_code == 200 and r.json()["ready"] is True  # the engine alone decides readiness
-    return r.json()["scorer"]
+def scorer_ready(api: str, expected: bool) -> bool:
+    """What /readyz says of the scorer, once it says `expected` or after three background checks."""
+    deadline = time.monotonic() + 3 * readiness.INTERVAL_S
+    while True:
+        r = httpx.get(f"{api}/readyz", timeout=10)
+        assert r.status_code == 200 and r.json()["ready"] is True  # the engine alone decides readiness
+        if r.json()["scorer"] is expected or time.monotonic() > deadline:
+            return r.json()["scorer"]
+        time.sleep(0.1)
 
 
 def test_long_path_items_are_scored_by_the_worker(api, worker_port):
     with scorer_process(worker_port) as (worker, _):
         fallbacks = metric(api, FALLBACKS)
         results = assert_scored(long_path(api, ITEMS[:2]), 2)
-        assert scorer_ready(api)
+        assert scorer_ready(api, True)
         assert metric(worker, "egrm_scorer_worker_candidates_total") == 2 * M
     for r in results:
         assert not r["degraded"]
@@ -88,11 +95,11 @@ def test_a_killed_worker_degrades_the_items_then_a_restarted_one_scores_again(ap
     assert all(r["degraded"] and r["answer"] in ("Yes", "No") for r in results)
     assert all(c["score"] == 0.0 for r in results for c in r["candidates"])
     assert metric(api, FALLBACKS) == fallbacks + 2
-    assert not scorer_ready(api)
+    assert not scorer_ready(api, False)
 
     with scorer_process(worker_port) as (worker, _):
         (result,) = assert_scored(long_path(api, ITEMS[:1]), 1)
-        assert scorer_ready(api)
+        assert scorer_ready(api, True)
         assert metric(worker, "egrm_scorer_worker_candidates_total") == M
     assert not result["degraded"]
     assert metric(api, FALLBACKS) == fallbacks + 2
@@ -104,7 +111,7 @@ def test_a_hung_worker_times_out_and_the_item_degrades(api, worker_port):
         proc.send_signal(signal.SIGSTOP)  # the kernel still accepts connections; nothing answers
         try:
             (result,) = assert_scored(long_path(api, ITEMS[:1]), 1)
-            assert not scorer_ready(api)
+            assert not scorer_ready(api, False)
         finally:
             proc.send_signal(signal.SIGCONT)
     assert result["degraded"] and result["answer"] in ("Yes", "No")
