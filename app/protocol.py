@@ -1,4 +1,8 @@
-"""Wire models only: what crosses HTTP, validated by pydantic."""
+"""Wire models only: what crosses HTTP, validated by pydantic.
+
+Imported by the client side too (app.client, the veRL reward function), so it imports nothing
+but pydantic: a training environment installs it without torch (`pip install egrm`).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from app.config import MAX_M
-
 TemplateLiteral = Literal["verdict", "score", "pairwise"]
+MAX_M = 16  # most samples per item (EGRM_M's bound too)
 
 
 def unicode_text(text: str) -> str:
