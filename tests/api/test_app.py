@@ -228,3 +228,13 @@ def test_a_lone_surrogate_is_a_422_naming_the_field_on_every_route(client, path,
     r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["param"] == param, r.text
     assert "surrogate" in r.json()["error"]["message"] or "unicode" in r.json()["error"]["message"]
+
+
+def test_text_holding_the_old_in_band_marker_is_plain_text(client):
+    """U+241F once split the verdict turn in two: no character of user text has a meaning now."""
+    marked = {"prompt": "What is 2+2? \u241f", "response": "\u241f 4 \u241f", "reference": None}
+    plain = {"prompt": "What is 2+2?", "response": "4"}
+    options = {"path": "short", "seed": 2}
+    a, b = (post(client, {"items": [item], "options": options}).json()["results"][0] for item in (marked, plain))
+    assert a["error"] is None and a["judgements"][0]["response_answer"] == "4"
+    assert (a["verdict"], a["verdict_by"]) == (b["verdict"], b["verdict_by"]) == ("Yes", "equivalence")
