@@ -1,13 +1,16 @@
-"""What the trained scorer sees of a candidate: signals the engine returns with every branch.
+"""What the trained scorer sees of a candidate: the signals the engine returns with every branch,
+and what it reads in the reasoning's text.
 
-No text model: these are numbers the long path already has (log-probabilities, agreement,
-length, whether the reasoning finished), so scoring costs microseconds and needs no second
-model. The ablation in README ("Scorer") measures what each group adds.
+The engine's signals are numbers the long path already has (log-probabilities, agreement,
+length, whether the reasoning finished); the reading is whether the working's arithmetic steps
+hold (app/scorer/reading.py), which any engine's text carries. No second model: scoring costs
+microseconds. The ablation in README ("Training the scorer") measures what each group adds.
 """
 
 from __future__ import annotations
 
 from app.scorer.base import Candidate
+from app.scorer.reading import steps
 
 # name -> how to read it off a candidate
 FEATURES: dict[str, str] = {
@@ -18,10 +21,15 @@ FEATURES: dict[str, str] = {
     "length": "reasoning tokens / 100",
     "finished": "1 if the reasoning reached the final-answer cue before the token limit",
     "answered": "1 if the final answer parsed",
+    "slips": "share of the working's checked arithmetic steps that do not hold",
+    "checked": "the working's checked arithmetic steps / 10 (0: nothing to read, slips says nothing)",
 }
+# The engine's confidence signals, each a one-signal baseline in evaluation.
+ENGINE_SIGNALS = ("mean_logprob", "min_logprob", "final_logprob", "agreement", "length")
 
 
 def vector(c: Candidate, names: tuple[str, ...] = tuple(FEATURES)) -> list[float]:
+    read = steps(c.reasoning) if {"slips", "checked"} & set(names) else None
     values = {
         "agreement": c.agreement,
         "mean_logprob": c.mean_logprob,
@@ -30,5 +38,7 @@ def vector(c: Candidate, names: tuple[str, ...] = tuple(FEATURES)) -> list[float
         "length": c.tokens / 100,
         "finished": float(c.finished),
         "answered": float(c.answer is not None),
+        "slips": read.slips if read else 0.0,
+        "checked": read.checked / 10 if read else 0.0,
     }
     return [values[n] for n in names]

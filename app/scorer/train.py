@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -23,7 +24,7 @@ from app.pipeline.consensus import tally
 from app.pipeline.judgement import vote_weights, weighted_vote
 from app.scorer.base import Candidate
 from app.scorer.data import LabelledCandidates
-from app.scorer.features import FEATURES, vector
+from app.scorer.features import ENGINE_SIGNALS, FEATURES, vector
 from app.scorer.loss import HybridLoss
 from app.scorer.model import CHECKPOINT_NAME, Checkpoint, TrainedScorer
 
@@ -32,6 +33,8 @@ ABLATION: dict[str, tuple[str, ...]] = {
     "agreement": ("agreement",),
     "logprobs": ("mean_logprob", "min_logprob", "final_logprob"),
     "length+finished": ("length", "finished", "answered"),
+    "reading": ("slips", "checked"),
+    "engine signals": tuple(f for f in FEATURES if f not in ("slips", "checked")),
     "all-but-agreement": tuple(f for f in FEATURES if f != "agreement"),
     "all": tuple(FEATURES),
 }
@@ -146,27 +149,71 @@ def best_sign(items: Sequence[LabelledCandidates], name: str) -> float:
     return max((1.0, -1.0), key=lambda sign: pairwise_accuracy(items, by_feature(name, sign)))
 
 
+@dataclass(frozen=True, slots=True)
+class PerItem:
+    """One ranking's outcome on each held-out item: what the bootstrap resamples."""
+
+    wins: np.ndarray  # per item: right-over-wrong pairs ranked right (ties half)
+    pairs: np.ndarray  # per item: right-vs-wrong pairs
+    picks: np.ndarray  # per item: 1 if the score-weighted vote reaches the true result
+
+    @classmethod
+    def of(cls, items: Sequence[LabelledCandidates], score: ScoreFn, weighs: bool = True) -> PerItem:
+        """weighs: the scores are in [0, 1] and weigh the vote, as the pipeline's scorer does; a raw
+        signal (a log-prob, a length) instead picks its best candidate's answer."""
+        wins, pairs, picks = [], [], []
+        for item in items:
+            s = score(item.candidates)
+            outcome = [1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0 for i, j in item.pairs()]
+            wins.append(sum(outcome))
+            pairs.append(len(outcome))
+            answers = [c.answer for c in item.candidates]
+            pick = weighted_vote(answers, vote_weights(s)) if weighs else answers[max(range(len(s)), key=s.__getitem__)]
+            picks.append(float(pick == item.target))
+        return cls(np.array(wins), np.array(pairs), np.array(picks))
+
+    def report(self, resamples: np.ndarray) -> dict[str, Any]:
+        """Pairwise and pick accuracy, each with a 95% interval over items resampled with replacement."""
+        pairwise = self.wins[resamples].sum(1) / np.maximum(self.pairs[resamples].sum(1), 1)
+        picks = self.picks[resamples].mean(1)
+        return {
+            "pairwise_accuracy": round(float(self.wins.sum() / max(self.pairs.sum(), 1)), 4),
+            "pairwise_ci95": [round(float(v), 4) for v in np.percentile(pairwise, [2.5, 97.5])],
+            "pick_accuracy": round(float(self.picks.mean()), 4),
+            "pick_ci95": [round(float(v), 4) for v in np.percentile(picks, [2.5, 97.5])],
+        }
+
+
+BOOTSTRAP = 2000
+
+
 def evaluate(
     checkpoint: Checkpoint, train_items: Sequence[LabelledCandidates], test_items: Sequence[LabelledCandidates]
 ) -> dict[str, Any]:
-    """Held-out figures of the trained scorer against one-signal baselines (signs fit on train)."""
+    """Held-out figures of the trained scorer beside every single signal (the engine's, each in the
+    direction that ranks the training pairs better, and the reading's), the heuristic, the vote and
+    the oracle; each with a 95% bootstrap interval over items."""
     scorer = TrainedScorer(checkpoint)
-    baselines = {
-        name: pairwise_accuracy(test_items, by_feature(name, best_sign(train_items, name)))
-        for name in ("mean_logprob", "length")
+    resamples = np.random.default_rng(0).integers(0, len(test_items), size=(BOOTSTRAP, len(test_items)))
+    singles = {
+        name: PerItem.of(test_items, by_feature(name, best_sign(train_items, name)), weighs=False).report(resamples)
+        for name in (*ENGINE_SIGNALS, "slips")
     }
+    best = max(ENGINE_SIGNALS, key=lambda name: singles[name]["pairwise_accuracy"])
+    ours = PerItem.of(test_items, scorer.predict).report(resamples)
+    votes = np.array([float(tally([c.answer for c in i.candidates]).majority == i.target) for i in test_items])
     return {
         "items": len(test_items),
         "pairs": sum(1 for item in test_items for _ in item.pairs()),
-        "pairwise_accuracy": round(pairwise_accuracy(test_items, scorer.predict), 4),
+        **ours,
         "mae": round(mae(test_items, scorer.predict), 4),
-        "baseline_pairwise_accuracy": round(max(baselines.values()), 4),
-        "baselines": {f"{k}_only": round(v, 4) for k, v in baselines.items()},
-        "heuristic_pairwise_accuracy": round(pairwise_accuracy(test_items, _heuristic), 4),
-        # Per item, the answer the long path returns: the best-scored candidate's, or the vote's.
-        "pick_accuracy": round(pick_accuracy(test_items, scorer.predict), 4),
-        "heuristic_pick_accuracy": round(pick_accuracy(test_items, _heuristic), 4),
-        "vote_accuracy": round(vote_accuracy(test_items), 4),
+        # The best of the engine's signals alone (the reading's is in `signals` too).
+        "baseline_pairwise_accuracy": singles[best]["pairwise_accuracy"],
+        "baseline": best,
+        "signals": singles,
+        "heuristic": PerItem.of(test_items, _heuristic).report(resamples),
+        "vote_accuracy": round(float(votes.mean()), 4),
+        "vote_ci95": [round(float(v), 4) for v in np.percentile(votes[resamples].mean(1), [2.5, 97.5])],
         "oracle_accuracy": round(statistics.fmean(any(q for q in i.quality()) for i in test_items), 4),
     }
 

@@ -20,6 +20,7 @@ from app.pipeline.service import RewardPipeline
 from app.pipeline.types import JudgeOptions, PathMode
 from app.scorer.base import Candidate
 from app.scorer.data import LabelledCandidates, generate, read
+from app.scorer.features import ENGINE_SIGNALS
 from app.scorer.heuristic import HeuristicScorer
 from app.scorer.model import DEFAULT_CHECKPOINT, Checkpoint, TrainedScorer
 from app.scorer.train import (
@@ -123,7 +124,13 @@ def test_eval_scorer_reports_the_shipped_checkpoint_against_its_baselines() -> N
     assert report["items"] == len(read(TEST)) and report["pairs"] == sum(1 for i in read(TEST) for _ in i.pairs())
     scorer = TrainedScorer.load(DEFAULT_CHECKPOINT)
     assert report["pairwise_accuracy"] == round(pairwise_accuracy(read(TEST), scorer.predict), 4)
-    assert report["baseline_pairwise_accuracy"] == max(report["baselines"].values())
+    signals = report["signals"]
+    assert set(signals) == {*ENGINE_SIGNALS, "slips"}  # every engine signal alone, and the reading
+    assert report["baseline_pairwise_accuracy"] == max(signals[n]["pairwise_accuracy"] for n in ENGINE_SIGNALS)
+    for figures in [report, report["heuristic"], *signals.values()]:  # each with its 95% interval
+        for name in ("pairwise", "pick"):
+            low, high = figures[f"{name}_ci95"]
+            assert low <= figures[f"{name}_accuracy"] <= high
     assert report["pick_accuracy"] == round(pick_accuracy(read(TEST), scorer.predict), 4)
     assert report["vote_accuracy"] == round(vote_accuracy(read(TEST)), 4)
     assert max(report["pick_accuracy"], report["vote_accuracy"]) <= report["oracle_accuracy"] <= 1
@@ -159,7 +166,8 @@ def _signal_items(n: int, seed: int) -> list[LabelledCandidates]:
 def test_the_recipe_learns_a_signal_when_the_candidates_carry_one() -> None:
     train_items, test_items = _signal_items(40, 0), _signal_items(40, 1)
     report = evaluate(train(train_items, TrainConfig()), train_items, test_items)
-    assert report["pairwise_accuracy"] > 0.9 and report["baseline_pairwise_accuracy"] < 0.7
+    assert report["pairwise_accuracy"] > 0.9 and report["signals"]["mean_logprob"]["pairwise_accuracy"] < 0.7
+    assert report["baseline"] == "final_logprob"  # the one signal the candidates carry
     assert report["mae"] < 0.3
 
 
