@@ -76,7 +76,8 @@ def without_end_markers(text: str) -> str:
 
 def turns_of(text: str) -> list[Turn] | None:
     """The turns of text in a known chat format (None if it is in none): the first format whose
-    turn header opens the text (after a begin-of-sequence marker and any leading whitespace)."""
+    turn header opens the text (after a begin-of-sequence marker and any leading whitespace; for
+    DeepSeek, after its system prompt)."""
     body = text.lstrip()
     for begin in _BEGIN_MARKERS:
         body = body.removeprefix(begin).lstrip()
