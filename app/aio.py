@@ -16,10 +16,15 @@ async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(tasks)
         raise
+
+
+async def _cancel(tasks: Sequence[asyncio.Future[T]]) -> None:
+    """Cancel the tasks and wait until they have let go of what they hold."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def within_deadline(calls: Sequence[Awaitable[T]], timeout_s: float, late: Callable[[], T]) -> list[T]:
@@ -32,11 +37,7 @@ async def within_deadline(calls: Sequence[Awaitable[T]], timeout_s: float, late:
         if failed is not None:
             raise failed.exception()  # type: ignore[misc]
     except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(tasks)
         raise
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await _cancel(list(pending))
     return [late() if t in pending else t.result() for t in tasks]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # What a policy's tokenizer leaves at the end of a decoded query (its end of turn, EOS, padding),
@@ -96,6 +97,14 @@ def turns_of(text: str) -> list[Turn] | None:
     return None
 
 
+def transcript(history: Sequence[Turn], question: str) -> str:
+    """The prompt to judge: the question, after the earlier turns (if any) as `role: text` lines
+    (context the response may depend on)."""
+    if not history:
+        return question
+    return "\n\n".join([*(f"{t.role}: {t.text}" for t in history), f"user: {question}"])
+
+
 def question_of(turns: list[Turn]) -> str:
     """The prompt to judge: the last user turn, after the earlier turns as a transcript (system
     turns are the policy's instructions, not the question)."""
@@ -103,8 +112,7 @@ def question_of(turns: list[Turn]) -> str:
     last_user = max((i for i, t in enumerate(talk) if t.role == "user"), default=None)
     if last_user is None:
         return ""
-    history = [f"{t.role}: {t.text}" for t in talk[:last_user]]
-    return "\n\n".join([*history, f"user: {talk[last_user].text}"]) if history else talk[last_user].text
+    return transcript(talk[:last_user], talk[last_user].text)
 
 
 def plain_prompt(prompt: str) -> str:
@@ -131,11 +139,9 @@ def split_query(query: str, prompt: str | None) -> Split:
     Without a prompt, a chat-formatted query is read as turns; any other query is the response to
     an empty prompt.
     """
-    turns = turns_of(query)
-    after_header = _after_last_assistant_header(query)
-    if prompt is not None and query.startswith(prompt):
+    if prompt is not None and query.startswith(prompt):  # the common case: no markup to search
         response, how = query[len(prompt) :], "prefix"
-    elif after_header is not None:
+    elif (after_header := _after_last_assistant_header(query)) is not None:
         response, how = after_header, "chat"
     elif prompt is not None and (overlap := _after_prompt_tail(query, prompt)) is not None:
         response, how = overlap, "prompt-tail"
@@ -144,7 +150,11 @@ def split_query(query: str, prompt: str | None) -> Split:
     else:
         return Split("", without_end_markers(query), "none")
     # A given prompt is whole (a query may have lost its head); without one, the query's own turns.
-    question = plain_prompt(prompt) if prompt is not None else question_of(turns[:-1] if turns else [])
+    if prompt is not None:
+        question = plain_prompt(prompt)
+    else:
+        turns = turns_of(query)
+        question = question_of(turns[:-1] if turns else [])
     return Split(question, without_end_markers(response), how)
 
 

@@ -31,6 +31,7 @@ from app.api.scoring import (
     timings_out,
     verdict_fields,
 )
+from app.chat_text import Turn, transcript
 from app.pipeline.types import ItemResult, JudgeItem
 from app.protocol import ErrorResponse, RewardOptions
 from app.protocol_openai import (
@@ -78,19 +79,26 @@ def check_model(requested: str, served: str) -> None:
         raise ApiError(404, message, "model", "not_found_error")
 
 
-# OpenAI parameters that have no meaning for a judgement: accepted, and each logged once.
-IGNORED = ("temperature", "max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs")
-_warned: set[str] = set()
+# OpenAI parameters that have no meaning for a judgement, and why: accepted, each logged once.
+IGNORED = {
+    "temperature": "the judge samples a ladder of temperatures (egrm.temperatures)",
+    "max_tokens": "the judgement is a few tokens",
+    "max_completion_tokens": "the judgement is a few tokens",
+    "stop": "the judgement is a few tokens",
+    "logprobs": "the reward (egrm.reward) is the judge's probability",
+    "top_logprobs": "the reward (egrm.reward) is the judge's probability",
+}
+_warned: set[str] = set()  # the ignored parameters already logged
 
 
 def chat_options(body: ChatCompletionRequest) -> RewardOptions:
     """egrm's options from the request; OpenAI's own parameters mapped, ignored, or refused naming the field."""
     if body.n not in (None, 1):
         raise ApiError(422, "n: egrm returns one judgement per request; the judge's samples are egrm.m", "n")
-    for name in IGNORED:
+    for name, why in IGNORED.items():
         if getattr(body, name) is not None and name not in _warned:
             _warned.add(name)
-            log.warning("/v1/chat/completions: '%s' is accepted and ignored (logged once): %s", name, _WHY[name])
+            log.warning("/v1/chat/completions: '%s' is accepted and ignored (logged once): %s", name, why)
     options = body.egrm or RewardOptions()
     mapped = {"top_p": body.top_p, "seed": body.seed}
     for name, value in mapped.items():
@@ -102,16 +110,6 @@ def chat_options(body: ChatCompletionRequest) -> RewardOptions:
             422, "egrm.template: pairwise needs two responses; use POST /v1/rewards with response_b", "egrm.template"
         )
     return options
-
-
-_WHY = {
-    "temperature": "the judge samples a ladder of temperatures (egrm.temperatures)",
-    "max_tokens": "the judgement is a few tokens",
-    "max_completion_tokens": "the judgement is a few tokens",
-    "stop": "the judgement is a few tokens",
-    "logprobs": "the reward (egrm.reward) is the judge's probability",
-    "top_logprobs": "the reward (egrm.reward) is the judge's probability",
-}
 
 
 def judge_item(messages: list[ChatMessage]) -> JudgeItem:
@@ -128,8 +126,7 @@ def judge_item(messages: list[ChatMessage]) -> JudgeItem:
     if not user.text.strip():
         raise ApiError(422, f"messages[{user_at}].content: the prompt is empty", f"messages[{user_at}].content")
     # Earlier turns are context the response may depend on: keep them, as a transcript, in the prompt.
-    history = [f"{m.role}: {m.text}" for _, m in turns[:-2]]
-    prompt = "\n\n".join([*history, f"user: {user.text}"]) if history else user.text
+    prompt = transcript([Turn(m.role, m.text) for _, m in turns[:-2]], user.text)
     instructions = [m.text for m in messages if m.role in _INSTRUCTIONS and m.text.strip()]
     return JudgeItem(prompt=prompt, response=turns[-1][1].text, reference="\n\n".join(instructions) or None)
 

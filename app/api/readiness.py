@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -25,7 +24,6 @@ TIMEOUT_S = 1.0  # how long one answer may take
 class ReadyState:
     engine: bool
     scorer: bool
-    checked_at: float  # time.monotonic() of the check
 
 
 async def _answers(check: Awaitable[bool]) -> bool:
@@ -39,17 +37,16 @@ class ReadinessMonitor:
     def __init__(self, engine: Engine, scorer: Scorer):
         self._engine, self._scorer = engine, scorer
         self._task: asyncio.Task[None] | None = None
-        self.state = ReadyState(False, False, 0.0)
+        self.state = ReadyState(False, False)
 
     async def start(self) -> None:
         """The first check before the service answers, then one every INTERVAL_S."""
         await self.check()
         self._task = asyncio.create_task(self._watch())
 
-    async def check(self) -> ReadyState:
+    async def check(self) -> None:
         engine, scorer = await asyncio.gather(_answers(self._engine.ready()), _answers(self._scorer.ready()))
-        self.state = ReadyState(engine, scorer, time.monotonic())
-        return self.state
+        self.state = ReadyState(engine, scorer)
 
     async def _watch(self) -> None:
         while True:

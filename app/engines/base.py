@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -110,6 +110,15 @@ class Engine(Protocol):
     async def ready(self) -> bool: ...
 
     async def close(self) -> None: ...
+
+
+def appended_ids(encode: Callable[[str], list[int]], appended: str | Sequence[int]) -> list[int]:
+    """What continue_branches appends, as token ids: text the pipeline wrote is encoded (its
+    special tokens as written), ids pass as they are; nothing to append is a caller's error."""
+    ids = encode(appended) if isinstance(appended, str) else list(appended)
+    if not ids:
+        raise ValueError("what to append must not be empty")
+    return ids
 
 
 class ContextLengthError(ValueError):

@@ -28,11 +28,9 @@ def chat_ids(tokenizer: Any, messages: Sequence[Message], after: int | None = No
     placeheld = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
     text = str(tokenizer.apply_chat_template(placeheld, add_generation_prompt=True, tokenize=False))
     ids: list[int] = []
-    start = 0 if after is None else _end_of(text, marks[after], after)
+    start = 0 if after is None else _find(text, marks, after, 0) + len(marks[after])
     for i in range(0 if after is None else after + 1, len(messages)):
-        at = text.find(marks[i], start)
-        if at < 0:
-            raise ValueError(f"the chat template dropped or changed the content of message {i}")
+        at = _find(text, marks, i, start)
         ids += _markup(tokenizer, text[start:at]) + data_ids(tokenizer, messages[i]["content"])
         start = at + len(marks[i])
     return ids + _markup(tokenizer, text[start:])
@@ -47,8 +45,9 @@ def _markup(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
 
 
-def _end_of(text: str, mark: str, index: int) -> int:
-    at = text.find(mark)
+def _find(text: str, marks: Sequence[str], index: int, start: int) -> int:
+    """Where message `index`'s placeholder is in the rendered template."""
+    at = text.find(marks[index], start)
     if at < 0:
         raise ValueError(f"the chat template dropped or changed the content of message {index}")
-    return at + len(mark)
+    return at

@@ -50,7 +50,7 @@ def compute_score(
     """The reward in [0, 1] for one response (veRL's naive manager form); with details=True a dict
     veRL logs as reward_extra_info (its "score" is the reward)."""
     item = _item(0, solution_str, ground_truth, extra_info)
-    (result,) = _sync_client(url or os.environ.get("EGRM_URL", DEFAULT_URL), _key(api_key)).score([item], options)
+    (result,) = _sync_client(_url(url), _key(api_key)).score([item], options)
     return _out(0, result, details)
 
 
@@ -70,8 +70,7 @@ async def compute_score_async(
     (inspect.iscoroutinefunction in verl/trainer/ppo/reward.py and its reward managers), so
     thousands of items are in flight on one event loop instead of one thread each."""
     item = _item(0, solution_str, ground_truth, extra_info)
-    target = url or os.environ.get("EGRM_URL", DEFAULT_URL)
-    async with AsyncEgrmClient(target, api_key=_key(api_key)) as client:
+    async with AsyncEgrmClient(_url(url), api_key=_key(api_key)) as client:
         (result,) = await client.score([item], options)
     return _out(0, result, details)
 
@@ -89,22 +88,18 @@ def compute_score_batch(
     concurrency: int = 4,
     details: bool = False,
     **_: Any,
-) -> list[float] | list[dict[str, Any]]:
+) -> list[float | dict[str, Any]]:
     """One reward per response, in order (veRL's batch manager form): batched, concurrent requests."""
     infos = list(extra_infos) if extra_infos is not None else [None] * len(solution_strs)
     items = [_item(i, s, g, e) for i, (s, g, e) in enumerate(zip(solution_strs, ground_truths, infos, strict=True))]
 
     async def score() -> list[RewardResult]:
-        target = url or os.environ.get("EGRM_URL", DEFAULT_URL)
         async with AsyncEgrmClient(
-            target, api_key=_key(api_key), batch_size=batch_size, concurrency=concurrency
+            _url(url), api_key=_key(api_key), batch_size=batch_size, concurrency=concurrency
         ) as client:
             return await client.score(items, options)
 
-    results = _run(score())
-    if details:
-        return [_details(i, r) for i, r in enumerate(results)]
-    return [_reward(i, r) for i, r in enumerate(results)]
+    return [_out(i, r, details) for i, r in enumerate(_run(score()))]
 
 
 def _item(i: int, solution: str, ground_truth: Any, extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -144,6 +139,10 @@ def _details(i: int, result: RewardResult) -> dict[str, Any]:
 
 def _out(i: int, result: RewardResult, details: bool) -> float | dict[str, Any]:
     return _details(i, result) if details else _reward(i, result)
+
+
+def _url(url: str | None) -> str:
+    return url or os.environ.get("EGRM_URL", DEFAULT_URL)
 
 
 def _key(api_key: str | None) -> str | None:

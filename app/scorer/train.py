@@ -109,29 +109,40 @@ def train(items: Sequence[LabelledCandidates], config: TrainConfig, progress: bo
     return Checkpoint(config.features, config.hidden, state, meta)
 
 
+def _pair_outcomes(item: LabelledCandidates, s: Sequence[float]) -> list[float]:
+    """Each (right, wrong) pair of the item: 1 ranked right, 0 wrong, a tie half."""
+    return [1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0 for i, j in item.pairs()]
+
+
+def _picks_right(item: LabelledCandidates, s: Sequence[float], weighs: bool = True) -> bool:
+    """Whether the item's long-path answer is right: the candidates' results, each weighted by its
+    score and voted as the pipeline votes them (weighs); or a raw signal's best candidate's result."""
+    answers = [c.answer for c in item.candidates]
+    pick = weighted_vote(answers, vote_weights(s)) if weighs else answers[max(range(len(s)), key=s.__getitem__)]
+    return pick == item.target
+
+
+def _vote_right(item: LabelledCandidates) -> bool:
+    """Whether the candidates' plain majority is the right answer."""
+    return tally([c.answer for c in item.candidates]).majority == item.target
+
+
 def pairwise_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
     """Share of (right, wrong) candidate pairs of the same item ranked right; ties count half."""
-    wins: list[float] = []
-    for item in items:
-        s = score(item.candidates)
-        wins += [1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0 for i, j in item.pairs()]
+    wins = [w for item in items for w in _pair_outcomes(item, score(item.candidates))]
     return statistics.fmean(wins) if wins else float("nan")
 
 
 def pick_accuracy(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
-    """Share of items whose long-path answer is right: the candidates' results, each weighted by
-    its score, voted as the pipeline votes them."""
-    picks = []
-    for item in items:
-        weights = vote_weights(score(item.candidates))
-        picks.append(weighted_vote([c.answer for c in item.candidates], weights) == item.target)
+    """Share of items whose long-path answer is right (see _picks_right)."""
+    picks = [_picks_right(item, score(item.candidates)) for item in items]
     return statistics.fmean(picks) if picks else float("nan")
 
 
 def vote_accuracy(items: Sequence[LabelledCandidates]) -> float:
     """Share of items whose candidates' majority answer is the right one: the long path without a
     scorer (what it falls back to when the scorer fails)."""
-    return statistics.fmean(tally([c.answer for c in item.candidates]).majority == item.target for item in items)
+    return statistics.fmean(_vote_right(item) for item in items)
 
 
 def mae(items: Sequence[LabelledCandidates], score: ScoreFn) -> float:
@@ -164,12 +175,10 @@ class PerItem:
         wins, pairs, picks = [], [], []
         for item in items:
             s = score(item.candidates)
-            outcome = [1.0 if s[i] > s[j] else 0.5 if s[i] == s[j] else 0.0 for i, j in item.pairs()]
+            outcome = _pair_outcomes(item, s)
             wins.append(sum(outcome))
             pairs.append(len(outcome))
-            answers = [c.answer for c in item.candidates]
-            pick = weighted_vote(answers, vote_weights(s)) if weighs else answers[max(range(len(s)), key=s.__getitem__)]
-            picks.append(float(pick == item.target))
+            picks.append(float(_picks_right(item, s, weighs)))
         return cls(np.array(wins), np.array(pairs), np.array(picks))
 
     def report(self, resamples: np.ndarray) -> dict[str, Any]:
@@ -201,7 +210,7 @@ def evaluate(
     }
     best = max(ENGINE_SIGNALS, key=lambda name: singles[name]["pairwise_accuracy"])
     ours = PerItem.of(test_items, scorer.predict).report(resamples)
-    votes = np.array([float(tally([c.answer for c in i.candidates]).majority == i.target) for i in test_items])
+    votes = np.array([float(_vote_right(item)) for item in test_items])
     return {
         "items": len(test_items),
         "pairs": sum(1 for item in test_items for _ in item.pairs()),

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats
+from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats, appended_ids
 from app.engines.chat import chat_ids
 from app.engines.embedded import lean_llama
 from app.engines.embedded.decoder import Feed, RowRun, decode_steps
@@ -113,9 +113,7 @@ class EmbeddedEngine:
     ) -> list[Branch]:
         if len(handles) != len(branches):
             raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        ids = self.encode(appended) if isinstance(appended, str) else list(appended)
-        if not ids:
-            raise ValueError("what to append must not be empty")
+        ids = appended_ids(self.encode, appended)
         refs = [h for h in handles if isinstance(h, BranchRef)]
         if len(refs) != len(handles):
             raise ValueError("handles must come from this engine's sample()")

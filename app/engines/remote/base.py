@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.base import BranchParams, EngineBusyError, EngineStats
+from app.engines.base import BranchParams, EngineBusyError, EngineStats, appended_ids
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
@@ -59,9 +59,7 @@ class RemoteEngine:
         """Each branch's context followed by what is appended: what continuing it sends."""
         if len(handles) != len(branches):
             raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
-        ids = self.encode(appended) if isinstance(appended, str) else list(appended)
-        if not ids:
-            raise ValueError("what to append must not be empty")
+        ids = appended_ids(self.encode, appended)
         if not all(isinstance(h, RemoteBranch) and h.engine == id(self) for h in handles):
             raise ValueError("handles must come from this engine's sample()")
         contexts = [[*h.ids, *ids] for h in handles]
