@@ -1,7 +1,8 @@
 """Deployment files agree with the code: ports, commands, settings names, probes, metric names.
 
 No docker engine or Kubernetes cluster here, so the files are parsed and checked against the
-real Settings, the real CLI and the real /metrics output of the service.
+real Settings, the real CLI and the real /metrics output of the service, and the dashboard's
+other series against the names each exporter's source registers (cited where they are listed).
 """
 
 from __future__ import annotations
@@ -9,18 +10,23 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
 
 from app.cli import build_parser
 from app.config import Settings
+from app.engines.base import EngineStats
 from app.gpu_sampler import GpuSampler
 from app.main import create_app
 from app.metrics import Metrics
+from app.protocol import MAX_M
 from tests.test_gpu_sampler import FakeNvml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,10 +49,17 @@ def load_yaml(path: Path) -> list[dict]:
 COMPOSE = load_yaml(ROOT / "docker-compose.yml")[0]
 SERVICES: dict[str, dict] = COMPOSE["services"]
 K8S = [doc for path in sorted(K8S_DIR.glob("*.yaml")) if path.name != "kustomization.yaml" for doc in load_yaml(path)]
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
+GPU_SERVICES = {"sglang", "dcgm-exporter"}  # compose's gpu profile
 
 
 def k8s(kind: str, name: str) -> dict:
     (doc,) = [d for d in K8S if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def workload(name: str) -> dict:
+    (doc,) = [d for d in K8S if d["kind"] in WORKLOAD_KINDS and d["metadata"]["name"] == name]
     return doc
 
 
@@ -65,11 +78,15 @@ def interpolate(value: str) -> str:
 
 
 def compose_port(service: str) -> int:
-    """The port a compose service listens on: its --port flag, else EGRM_PORT, else the Settings default."""
+    """The port a compose service listens on: its --port flag, else EGRM_PORT, else the one port it
+    exposes, else the Settings default."""
     svc = SERVICES[service]
     if "--port" in svc.get("command", []):
         return int(flag(svc["command"], "--port"))
-    return int(svc.get("environment", {}).get("EGRM_PORT", SETTINGS_PORT))
+    if "EGRM_PORT" in svc.get("environment", {}):
+        return int(svc["environment"]["EGRM_PORT"])
+    (port,) = svc.get("expose", [SETTINGS_PORT])
+    return int(port)
 
 
 # --- every file parses, every EGRM_* name is a setting -------------------------------------------
@@ -81,13 +98,7 @@ def test_every_manifest_parses_and_kustomize_lists_them_all():
         p.name for p in K8S_DIR.glob("*.yaml") if p.name != "kustomization.yaml"
     )
     assert all(doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"] for doc in K8S)
-    assert {d["kind"] for d in K8S} == {
-        "ConfigMap",
-        "Deployment",
-        "Service",
-        "HorizontalPodAutoscaler",
-        "StatefulSet",
-    }
+    assert {d["kind"] for d in K8S} == {"ConfigMap", "Service", "HorizontalPodAutoscaler", *WORKLOAD_KINDS}
 
 
 def deploy_texts() -> Iterator[tuple[str, str]]:
@@ -167,7 +178,7 @@ def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
 
 
 def test_compose_services_ports_and_wiring():
-    assert set(SERVICES) == {"api", "scorer", "sglang", "prometheus", "grafana", "locust"}
+    assert set(SERVICES) == {"api", "scorer", "prometheus", "grafana", "locust", *GPU_SERVICES}
     api, scorer = SERVICES["api"], SERVICES["scorer"]
     assert api["ports"] == [f"{SETTINGS_PORT}:{compose_port('api')}"] and compose_port("api") == SETTINGS_PORT
     assert scorer["command"] == SCORER_COMMAND
@@ -177,14 +188,22 @@ def test_compose_services_ports_and_wiring():
     assert interpolate(api["environment"]["EGRM_ENGINE"]) == Settings.model_fields["engine"].default
 
 
-def test_compose_sglang_is_a_gpu_profile_service():
-    sglang = SERVICES["sglang"]
-    assert sglang["profiles"] == ["gpu"] and interpolate(sglang["image"]).startswith("lmsysorg/sglang")
+def test_compose_sglang_and_dcgm_exporter_are_gpu_profile_services():
+    sglang, dcgm = SERVICES["sglang"], SERVICES["dcgm-exporter"]
+    assert interpolate(sglang["image"]).startswith("lmsysorg/sglang")
     assert sglang["command"][:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag(sglang["command"], "--host") == "0.0.0.0"
-    (device,) = sglang["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert all("profiles" not in svc for name, svc in SERVICES.items() if name != "sglang")
+    assert interpolate(dcgm["image"]).startswith("nvcr.io/nvidia/k8s/dcgm-exporter:")
+    for svc in (sglang, dcgm):
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert svc["profiles"] == ["gpu"] and device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert all("profiles" not in svc for name, svc in SERVICES.items() if name not in GPU_SERVICES)
+
+
+def test_sglang_runtimes_honour_sampling_seeds():
+    """SGLang samples with a request's sampling_seed only in deterministic mode."""
+    for command in SERVICES["sglang"]["command"], container(k8s("StatefulSet", "sglang-worker"))["command"]:
+        assert "--enable-deterministic-inference" in command
 
 
 def test_compose_mounts_exist_and_locust_runs_the_project_locustfile():
@@ -197,10 +216,14 @@ def test_compose_mounts_exist_and_locust_runs_the_project_locustfile():
     assert flag(locust["command"], "--host") == f"http://api:{compose_port('api')}"
 
 
-def test_prometheus_scrapes_the_compose_services_on_their_ports():
+def test_prometheus_scrapes_compose_services_on_their_ports_and_every_exporter_the_dashboard_reads():
     config = load_yaml(ROOT / "deploy" / "prometheus.yml")[0]
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
-    assert targets == {f"{name}:{compose_port(name)}" for name in ("api", "scorer", "sglang")}
+    for target in targets:
+        host, port = target.split(":")
+        assert host in SERVICES and int(port) == compose_port(host), target
+    served = {exporters()[name].compose for name in dashboard_exporters()} - {None}
+    assert {f"{name}:{compose_port(name)}" for name in served | {"scorer"}} <= targets
     assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in config["scrape_configs"])
 
 
@@ -245,7 +268,7 @@ def test_api_deployment_probes_port_env_and_resources():
 
 
 def test_every_service_selects_a_workload_and_targets_a_named_container_port():
-    workloads = [d for d in K8S if d["kind"] in ("Deployment", "StatefulSet")]
+    workloads = [d for d in K8S if d["kind"] in WORKLOAD_KINDS]
     for service in (d for d in K8S if d["kind"] == "Service"):
         selected = [
             w
@@ -279,6 +302,8 @@ def test_sglang_runtimes_behind_the_cache_aware_router():
     router = container(k8s("Deployment", "sglang-router"))["command"]
     assert router[:3] == ["python3", "-m", "sglang_router.launch_router"]
     assert flag(router, "--policy") == "cache_aware"
+    # The routing text of a batch of M copies of a prompt matches its warm-up by just under 1/M.
+    assert float(flag(router, "--cache-threshold")) < 1 / MAX_M
     start = router.index("--worker-urls") + 1
     urls = router[start : start + workers["spec"]["replicas"] + 1]
     assert urls[:-1] == [
@@ -342,19 +367,145 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return [(t["expr"], t.get("legendFormat", "")) for p in panels for t in p["targets"]]
 
 
+_PROMQL_WORDS = {"sum", "avg", "min", "max", "count", "by", "without", "rate", "increase", "histogram_quantile", "or"}
+
+
+def series_in(expr: str) -> set[str]:
+    """The series a PromQL expression reads: its names less functions, keywords, matchers and ranges."""
+    bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|by \([^)]*\)|"[^"]*"', " ", expr)
+    return set(re.findall(r"[A-Za-z_:][\w:]*", bare)) - _PROMQL_WORDS
+
+
+def histogram(name: str) -> set[str]:
+    return {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+
+
+# NVIDIA/dcgm-exporter etc/default-counters.csv: the fields collected by default (its uncommented lines).
+DCGM_SERIES = frozenset(
+    f"DCGM_FI_DEV_{field}"
+    for field in (
+        *("SM_CLOCK", "MEM_CLOCK", "MEMORY_TEMP", "GPU_TEMP", "POWER_USAGE", "TOTAL_ENERGY_CONSUMPTION"),
+        *("PCIE_TX_THROUGHPUT", "PCIE_RX_THROUGHPUT", "PCIE_REPLAY_COUNTER"),
+        *("GPU_UTIL", "MEM_COPY_UTIL", "ENC_UTIL", "DEC_UTIL", "XID_ERRORS", "FB_FREE", "FB_USED"),
+        *("NVLINK_BANDWIDTH_TOTAL", "VGPU_LICENSE_STATUS"),
+        *("UNCORRECTABLE_REMAPPED_ROWS", "CORRECTABLE_REMAPPED_ROWS", "ROW_REMAP_FAILURE"),
+    )
+)
+# NVIDIA/dcgm-exporter README.md: `gpu` and `UUID` per GPU; in Kubernetes the pod that holds it.
+DCGM_LABELS = frozenset({"gpu", "UUID", "pod", "namespace", "container"})
+
+# sgl-project/sglang python/sglang/srt/metrics/collector.py: SchedulerMetricsCollector's gauges and
+# TokenizerMetricsCollector's counters and histograms (the ones a dashboard reads; it has more).
+# Their own labels (model name, ranks) vary by release: the dashboard groups by target only.
+SGLANG_SERIES = frozenset(
+    {
+        *("sglang:num_running_reqs", "sglang:num_used_tokens", "sglang:token_usage", "sglang:gen_throughput"),
+        *("sglang:num_queue_reqs", "sglang:num_grammar_queue_reqs", "sglang:cache_hit_rate"),
+        *("sglang:max_total_num_tokens", "sglang:prompt_tokens_total", "sglang:generation_tokens_total"),
+        *("sglang:cached_tokens_total", "sglang:num_requests_total", "sglang:num_aborted_requests_total"),
+        *histogram("sglang:time_to_first_token_seconds"),
+        *histogram("sglang:inter_token_latency_seconds"),
+        *histogram("sglang:e2e_request_latency_seconds"),
+    }
+)
+
+# sgl-project/sglang sgl-model-gateway/src/observability/metrics.rs: init_metrics' layered smg_*
+# series (the *_duration_seconds ones get buckets in start_prometheus) and the labels Metrics sets.
+ROUTER_SERIES = frozenset(
+    {
+        *("smg_http_requests_total", "smg_http_responses_total", "smg_http_connections_active"),
+        *("smg_router_requests_total", "smg_router_request_errors_total", "smg_router_upstream_responses_total"),
+        *("smg_worker_pool_size", "smg_worker_requests_active", "smg_worker_health", "smg_worker_selection_total"),
+        *("smg_worker_errors_total", "smg_worker_cb_state", "smg_worker_retries_total"),
+        *histogram("smg_http_request_duration_seconds"),
+        *histogram("smg_router_request_duration_seconds"),
+    }
+)
+ROUTER_LABELS = frozenset(
+    {"method", "path", "status_code", "router_type", "backend_type", "connection_mode", "model", "endpoint"}
+    | {"streaming", "error_type", "worker", "worker_type", "policy"}
+)
+
+TARGET_LABELS = frozenset({"instance", "job"})  # Prometheus adds them to every series it scrapes
+
+
+def registered_series(registry: CollectorRegistry) -> frozenset[str]:
+    """Series names of every family a registry holds, with samples or not, as a scrape names them."""
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    return frozenset(family.name + suffix for family in registry.collect() for suffix in suffixes[family.type])
+
+
+@dataclass(frozen=True)
+class Exporter:
+    series: frozenset[str]
+    labels: frozenset[str] | None  # None: checked against the real service's /metrics (slow test)
+    compose: str | None  # the compose service that serves them; None: not part of compose
+    k8s: str  # the workload that serves them
+
+
+@cache
+def exporters() -> dict[str, Exporter]:
+    metrics = Metrics()  # egrm's own: what app/metrics.py registers, engine and GPU collectors included
+    metrics.watch_engine(EngineStats)
+    sampler = GpuSampler(interval_s=3600, nvml=FakeNvml())
+    metrics.watch_gpus(sampler.latest)
+    sampler.start()
+    sampler.close()
+    return {
+        "egrm": Exporter(registered_series(metrics.registry), None, "api", "egrm-api"),
+        "sglang": Exporter(SGLANG_SERIES, frozenset(), "sglang", "sglang-worker"),
+        "router": Exporter(ROUTER_SERIES, ROUTER_LABELS, None, "sglang-router"),
+        "dcgm": Exporter(DCGM_SERIES, DCGM_LABELS, "dcgm-exporter", "dcgm-exporter"),
+    }
+
+
+def dashboard_exporters() -> set[str]:
+    used = set().union(*(series_in(expr) for expr, _ in dashboard_queries()))
+    return {name for name, e in exporters().items() if used & e.series}
+
+
 def test_the_dashboard_has_the_required_panels():
     titles = " | ".join(p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]).lower()
     for needed in ("latency p50 / p99 by route", "short-path rate", "consensus", "gpu utilisation", "queue depth"):
         assert needed in titles
+    assert dashboard_exporters() == set(exporters())  # GPU, runtime and router series beside egrm's
+
+
+def labels_in(expr: str, legend: str) -> set[str]:
+    """Label names a query groups by, matches on or shows in its legend."""
+    groups = re.findall(r"by \(([^)]*)\)", expr)
+    labels = {name.strip() for group in groups for name in group.split(",")}
+    labels |= set(re.findall(r"\{\{(\w+)\}\}", legend)) | set(re.findall(r"[{,]\s*(\w+)\s*[=!~]", expr))
+    return labels - {"le"}
+
+
+@pytest.mark.parametrize(("expr", "legend"), dashboard_queries())
+def test_every_dashboard_series_is_one_its_exporter_serves(expr, legend):
+    used = series_in(expr)
+    owners = {name for name, e in exporters().items() if used & e.series}
+    assert len(owners) == 1, f"{used} served by {owners or 'no exporter'}"
+    exporter = exporters()[owners.pop()]
+    assert used <= exporter.series, used - exporter.series
+    if exporter.labels is not None:  # egrm's labels: the slow test below, against the real service
+        assert labels_in(expr, legend) <= exporter.labels | TARGET_LABELS, labels_in(expr, legend)
+
+
+def test_every_exporter_the_dashboard_reads_is_a_scraped_pod_in_kubernetes():
+    for name in dashboard_exporters():
+        pod = workload(exporters()[name].k8s)["spec"]["template"]
+        annotations = pod["metadata"]["annotations"]
+        ports = {p["containerPort"] for p in container({"spec": {"template": pod}})["ports"]}
+        assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) in ports, name
+    router = container(k8s("Deployment", "sglang-router"))["command"]
+    annotations = k8s("Deployment", "sglang-router")["spec"]["template"]["metadata"]["annotations"]
+    assert flag(router, "--prometheus-port") == annotations["prometheus.io/port"]
+    assert flag(router, "--prometheus-host") == "0.0.0.0"  # some releases default to 127.0.0.1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("expr", "legend"), dashboard_queries())
+@pytest.mark.parametrize(("expr", "legend"), [q for q in dashboard_queries() if "egrm_" in q[0]])
 def test_every_dashboard_query_uses_real_metric_names_and_labels(real_metrics, expr, legend):
     used = set(re.findall(r"\begrm_\w+", expr))
     assert used and used <= set(real_metrics), used - set(real_metrics)
-    labels = set(re.findall(r"by \(([^)]*)\)", expr))
-    labels = {name.strip() for group in labels for name in group.split(",")} - {"le"}
-    labels |= set(re.findall(r"\{\{(\w+)\}\}", legend)) | set(re.findall(r"[{,]\s*(\w+)\s*[=!~]", expr))
-    available = set().union(*(real_metrics[name] for name in used)) | {"le"}
-    assert labels <= available, labels - available
+    available = set().union(*(real_metrics[name] for name in used))
+    assert labels_in(expr, legend) <= available, labels_in(expr, legend) - available

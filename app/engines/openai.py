@@ -17,22 +17,37 @@ Dialects (EGRM_OPENAI_DIALECT): "openai" sends standard fields only: answers are
 the pipeline's templates read with their patterns, and branch token ids are our tokenizer's
 reading of the text; "vllm" adds structured_outputs.regex (constrained answers), return_token_ids
 and ignore_eos; "vllm-legacy" sends guided_regex (vLLM before structured_outputs) instead.
+
+vLLM 0.12 removed guided_regex (vllm-project/vllm#29326) and accepts unknown fields, logging them at
+debug level only (vllm/entrypoints/serve/engine/protocol.py OpenAIBaseModel, extra="allow"): the
+answers would come back unconstrained. So with "vllm-legacy" the readiness check asks GET /version,
+served at the server root, not under /v1 (vllm/entrypoints/serve/instrumentator/basic.py,
+{"version": "0.12.0"}), and refuses a vLLM >= 0.12.
+
+vLLM reports usage.prompt_tokens_details.cached_tokens only when started with
+--enable-prompt-tokens-details (vllm/entrypoints/openai/cli_args.py FrontendArgs); without it every
+prompt token counts as computed.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from app.aio import gather_or_cancel
-from app.engines.base import Branch, BranchParams, FinishReason
+from app.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.remote.answers import answers_regex
 from app.engines.remote.base import RemoteEngine
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
+log = logging.getLogger(__name__)
+
 Dialect = Literal["openai", "vllm", "vllm-legacy"]
 _COMPLETIONS = "/completions"
+_NO_GUIDED_REGEX = (0, 12)  # the first vLLM release without guided_regex
 
 
 class OpenAIEngine(RemoteEngine):
@@ -51,6 +66,8 @@ class OpenAIEngine(RemoteEngine):
         super().__init__(tokenizer, client, timeout_s, max_queue)
         self._model = model or None  # None: the first model the server lists
         self.dialect = dialect
+        self._asked = False  # the server's version was asked for (vllm-legacy only, once)
+        self._refusal: str | None = None  # why this server cannot judge in this dialect
 
     @property
     def model_name(self) -> str:
@@ -100,6 +117,8 @@ class OpenAIEngine(RemoteEngine):
         return body
 
     async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+        if self._refusal is not None:
+            raise EngineUnavailableError(self._refusal)
         model = self._model or await self._first_model()
         answer = await self._client.post(_COMPLETIONS, self.request_body(model, ids, p, n))
         self._stats.batches += 1
@@ -143,4 +162,30 @@ class OpenAIEngine(RemoteEngine):
         return self._model
 
     async def ready(self) -> bool:
-        return await self._client.probe("/models", self._ready_timeout_s)
+        if not await self._client.probe("/models", self._ready_timeout_s):
+            return False
+        if self.dialect == "vllm-legacy" and not self._asked:
+            await self._check_guided_regex()
+        return self._refusal is None
+
+    async def _check_guided_regex(self) -> None:
+        """Refuse a vLLM that ignores guided_regex. Asked once; a server without GET /version is
+        taken as it is (a check cut short by the readiness deadline is asked again)."""
+        try:
+            answer = await self._client.get(f"{self.url.removesuffix('/v1')}/version", self._ready_timeout_s)
+        except (EngineUnavailableError, BackendRejectedError):
+            answer = None
+        self._asked = True
+        version = str(answer.get("version") or "") if isinstance(answer, dict) else ""
+        if _release(version) >= _NO_GUIDED_REGEX:
+            self._refusal = (
+                f"vLLM {version} at {self.url} ignores guided_regex (removed in vLLM 0.12), so the answers would "
+                "not be constrained: set EGRM_OPENAI_DIALECT=vllm (structured_outputs) instead of vllm-legacy"
+            )
+            log.error("%s", self._refusal)
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as "0.12.0" or "0.11.2+cu128"; (0, 0) if unreadable."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else (0, 0)

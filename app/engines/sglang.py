@@ -20,6 +20,11 @@ The wire format, from SGLang's source (python/sglang/srt/):
 - errors, http_server.py _create_error_response: HTTP 400 {"error": {"message": ...}}.
 - health: GET /health (200 when the runtime answers); model: GET /model_info or the older
   GET /get_model_info, {"model_path": ...}.
+- server args: GET /server_info (entrypoints/http_server.py server_info: dataclasses.asdict of
+  server_args.py ServerArgs, so `skip_tokenizer_init` is a top-level key); /get_server_info is its
+  deprecated name, and the only one the router proxies (sgl-model-gateway src/server.rs).
+  With --skip-tokenizer-init an answer has no "text" (tokenizer_manager.py _handle_batch_output,
+  the BatchTokenIDOutput branch), so such a runtime is refused at the readiness check.
 
 Continuing a branch (the long path) sends the branch's whole context (prompt + its tokens +
 the new text) as token ids: the runtime finds all but the new text in its radix cache.
@@ -27,6 +32,7 @@ the new text) as token ids: the runtime finds all but the new text in its radix 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +49,11 @@ from app.engines.remote.base import RemoteEngine
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
+log = logging.getLogger(__name__)
+
 _GENERATE = "/generate"
+_MODEL_INFO = ("/model_info", "/get_model_info")  # /get_model_info is the older name
+_SERVER_INFO = ("/server_info", "/get_server_info")  # the router serves only the older name
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +102,8 @@ class SGLangEngine(RemoteEngine):
     ):
         super().__init__(tokenizer, BackendClient("SGLang runtime", url, api_key, timeout_s), timeout_s, max_queue)
         self._runtime_model: str | None = None
+        self._asked = False  # the runtime's server args were asked for (once)
+        self._refusal: str | None = None  # why this runtime cannot judge
 
     @property
     def model_name(self) -> str:
@@ -144,6 +156,8 @@ class SGLangEngine(RemoteEngine):
         )
 
     async def _generate(self, body: dict[str, Any]) -> list[_Output]:
+        if self._refusal is not None:
+            raise EngineUnavailableError(self._refusal)
         answer = await self._client.post(_GENERATE, body)
         self._stats.batches += 1
         items = answer if isinstance(answer, list) else [answer]
@@ -187,16 +201,31 @@ class SGLangEngine(RemoteEngine):
         if not await self._client.probe("/health", self._ready_timeout_s):
             return False
         if self._runtime_model is None:
-            self._runtime_model = await self._model_id()
-        return True
+            info = await self._first_answer(_MODEL_INFO)
+            self._runtime_model = str(info["model_path"]) if info and info.get("model_path") else None
+        if not self._asked:
+            await self._check_server_args()
+        return self._refusal is None
 
-    async def _model_id(self) -> str | None:
-        """The runtime's own model id (its model_path), once it answers."""
-        for path in ("/model_info", "/get_model_info"):  # /get_model_info is the older name
+    async def _check_server_args(self) -> None:
+        """Refuse a runtime that answers without text. Asked once; a runtime that cannot say is taken
+        as it is (a check cut short by the readiness deadline is asked again)."""
+        args = await self._first_answer(_SERVER_INFO)
+        self._asked = True
+        if args and args.get("skip_tokenizer_init"):
+            self._refusal = (
+                f"SGLang runtime at {self.url} was started with --skip-tokenizer-init: it answers token ids "
+                "without their text, which egrm reads for every answer; restart it without that flag"
+            )
+            log.error("%s", self._refusal)
+
+    async def _first_answer(self, paths: Sequence[str]) -> dict[str, Any] | None:
+        """The first JSON object one of the paths answers (runtimes and the router name some differently)."""
+        for path in paths:
             try:
-                info = await self._client.get(path, self._ready_timeout_s)
+                answer = await self._client.get(path, self._ready_timeout_s)
             except (EngineUnavailableError, BackendRejectedError):
                 continue
-            if isinstance(info, dict) and info.get("model_path"):
-                return str(info["model_path"])
+            if isinstance(answer, dict):
+                return answer
         return None

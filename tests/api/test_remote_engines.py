@@ -57,6 +57,16 @@ def test_runtime_down_is_503_and_not_ready(model_path):
     assert error["type"] == "engine_unavailable" and url in error["message"] and "unreachable" in error["message"]
 
 
+def test_a_runtime_without_text_keeps_the_service_not_ready_and_says_why(tok, model_path):
+    stub = StubRuntime(tok, skip_tokenizer_init=True)  # started with --skip-tokenizer-init
+    with serve(stub.app()) as url, client(model_path, engine="sglang", sglang_url=url) as c:
+        ready = c.get("/readyz")
+        r = c.post("/v1/rewards", json={"items": [ITEM]})
+    assert ready.status_code == 503 and ready.json()["engine"] is False
+    assert r.status_code == 503 and "--skip-tokenizer-init" in r.json()["error"]["message"]
+    assert stub.requests == []
+
+
 def test_runtime_http_500_is_503_and_a_rejected_item_is_a_per_item_error(sglang, model_path):
     with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
         sglang.failures.append((500, b"Internal Server Error", "text/plain"))
@@ -77,6 +87,17 @@ def test_rewards_on_an_openai_compatible_server(tok, model_path):
             r = c.post("/v1/rewards", json={"items": [ITEM]})
     assert ready.status_code == 200 and r.status_code == 200, r.text
     assert r.json()["results"][0]["answer"] == "Yes" and r.json()["model"] == "stub-judge"
+
+
+def test_vllm_legacy_against_a_vllm_without_guided_regex_is_not_ready_and_says_why(tok, model_path):
+    stub = StubOpenAI(tok, vllm=True, version="0.12.0")
+    with serve(stub.app()) as url:
+        with client(model_path, engine="openai", openai_url=url + "/v1", openai_dialect="vllm-legacy") as c:
+            ready = c.get("/readyz")
+            r = c.post("/v1/rewards", json={"items": [ITEM]})
+    assert ready.status_code == 503 and ready.json()["engine"] is False
+    assert r.status_code == 503 and "EGRM_OPENAI_DIALECT" in r.json()["error"]["message"]
+    assert stub.requests == []
 
 
 def test_openai_engine_needs_its_url(model_path):

@@ -7,8 +7,9 @@ Shapes from the OpenAI API reference (Completions: POST /v1/completions -> {"id"
 "list", "data": [{"id", "object": "model", "created", "owned_by"}]}; errors {"error": {"message",
 "type", "param", "code"}}) and vLLM's additions (vllm/entrypoints/openai/protocol.py:
 CompletionResponseChoice.stop_reason / token_ids / prompt_token_ids, UsageInfo.
-prompt_tokens_details.cached_tokens, CompletionRequest.structured_outputs / guided_regex /
-return_token_ids; vLLM caches whole KV blocks, 16 tokens by default).
+prompt_tokens_details.cached_tokens, CompletionRequest.structured_outputs / guided_regex (before 0.12) /
+return_token_ids; vLLM caches whole KV blocks, 16 tokens by default), and vLLM's GET /version at
+the server root, not under /v1 (vllm/entrypoints/serve/instrumentator/basic.py: {"version"}).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class StubOpenAI:
     tok: LocalTokenizer
     model: str = "stub-judge"
     api_key: str = ""
-    vllm: bool = False  # answer vLLM's extra fields (token_ids, cached-token details)
+    vllm: bool = False  # answer vLLM's extra fields (token_ids, cached-token details) and /version
+    version: str = "0.11.2"  # the vLLM release GET /version names
     answers: AnswerScript = field(default_factory=unanimous)
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[tuple[int, bytes, str]] = field(default_factory=list)
@@ -48,6 +50,12 @@ class StubOpenAI:
                 error = {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": None}
                 return JSONResponse({"error": {**error, "code": "invalid_api_key"}}, status_code=401)
             return None
+
+        @app.get("/version")
+        async def version() -> Response:
+            if not self.vllm:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return JSONResponse({"version": self.version})
 
         @app.get("/v1/models")
         async def models(request: Request) -> Response:

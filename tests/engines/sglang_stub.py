@@ -19,6 +19,12 @@ shapes SGLang's source produces (python/sglang/srt/, read for this stub):
   len - 1, and at most logprob_start_len when logprobs are asked. A batch is scheduled together:
   its prompts see the cache as it was before the batch (why the backend warms the prefix first).
 - GET /health -> 200 (503 while unhealthy); GET /get_model_info -> {"model_path", ...}.
+- GET /server_info and its deprecated name /get_server_info (http_server.py server_info):
+  dataclasses.asdict(ServerArgs) flat (a few of its fields here), the scheduler's info,
+  "internal_states" and "version". The router proxies only /get_server_info: server_info_paths
+  picks which names answer.
+- skip_tokenizer_init (--skip-tokenizer-init): each /generate result is {"output_ids",
+  "meta_info"}, no "text" (tokenizer_manager.py _handle_batch_output, BatchTokenIDOutput).
 It records every /generate body so tests can assert what the backend sent.
 """
 
@@ -79,6 +85,8 @@ class StubRuntime:
     model_path: str = "stub/SmolLM2-135M-Instruct"
     answers: AnswerScript = field(default_factory=unanimous)
     healthy: bool = True
+    skip_tokenizer_init: bool = False
+    server_info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)  # the Authorization header of each
     # Each queued (status, body, content type) answers one /generate instead of the model.
@@ -101,6 +109,22 @@ class StubRuntime:
                 "preferred_sampling_params": None,
                 "weight_version": "default",
             }
+
+        async def server_info() -> dict[str, Any]:
+            return {
+                "model_path": self.model_path,
+                "tokenizer_path": self.model_path,
+                "skip_tokenizer_init": self.skip_tokenizer_init,
+                "enable_deterministic_inference": False,
+                "host": "127.0.0.1",
+                "port": 30000,
+                "max_total_num_tokens": 1 << 16,
+                "internal_states": [{}],
+                "version": "stub",
+            }
+
+        for path in self.server_info_paths:
+            app.add_api_route(path, server_info, methods=["GET"])
 
         @app.post("/generate")
         async def generate(request: Request) -> Response:
@@ -169,6 +193,8 @@ class StubRuntime:
             meta["input_token_logprobs"] = [[None, prompt[start], None]] if 0 <= start < len(prompt) else []
             meta["output_token_logprobs"] = [[-0.25, t, None] for t in out_ids]
             meta["output_token_logprobs_length"] = len(out_ids)
+        if self.skip_tokenizer_init:
+            return {"output_ids": out_ids, "meta_info": meta}
         return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
     def _decode(self, i: int, sp: dict[str, Any], reasoning: bool) -> tuple[str, list[int], dict[str, Any]]:

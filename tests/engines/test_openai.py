@@ -112,6 +112,44 @@ def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, fiel
     assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit
 
 
+@pytest.mark.parametrize(
+    ("dialect", "version", "ready"),
+    [
+        ("vllm-legacy", "0.12.0", False),
+        ("vllm-legacy", "0.13.1rc1.dev4+g1a2b3c", False),
+        ("vllm-legacy", "0.11.2", True),
+        ("vllm", "0.12.0", True),
+    ],
+)
+def test_vllm_legacy_is_refused_by_a_vllm_that_ignores_guided_regex(server, tok, caplog, dialect, version, ready):
+    stub, url = server
+    stub.vllm, stub.version = True, version
+
+    async def probe(engine):
+        up = await engine.ready()
+        try:
+            await engine.sample([1, 2, 3], answer_params()[:1])
+        except EngineUnavailableError as exc:
+            return up, str(exc)
+        return up, None
+
+    up, refusal = run(url, tok, probe, dialect=dialect)
+    assert up is ready and (refusal is None) is ready
+    if not ready:
+        assert "EGRM_OPENAI_DIALECT=vllm" in refusal and version in refusal and stub.requests == []
+        assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [refusal]
+
+
+def test_vllm_legacy_on_a_server_without_version_is_taken_as_it_is(server, tok):
+    stub, url = server  # not vLLM: GET /version is 404
+
+    async def probe(engine):
+        return await engine.ready(), await engine.sample([1, 2, 3], answer_params()[:1])
+
+    up, branches = run(url, tok, probe, dialect="vllm-legacy")
+    assert up and len(branches) == 1
+
+
 def test_pipeline_short_and_long_path_through_an_openai_server(server, tok, checker):
     stub, url = server
 

@@ -201,6 +201,36 @@ def test_ready_and_model_name_come_from_the_runtime(runtime, tok):
     assert before == "SmolLM2-135M-Instruct" and up and name == stub.model_path and not down
 
 
+@pytest.mark.parametrize(
+    "paths", [("/server_info", "/get_server_info"), ("/get_server_info",)], ids=["runtime", "through-the-router"]
+)
+def test_a_runtime_that_answers_without_text_is_refused_at_the_readiness_check(tok, caplog, paths):
+    stub = StubRuntime(tok, skip_tokenizer_init=True, server_info_paths=paths)
+
+    async def probe(engine):
+        ready = await engine.ready()
+        with pytest.raises(EngineUnavailableError) as caught:
+            await engine.sample([1, 2, 3], answer_params())
+        return ready, await engine.ready(), str(caught.value)
+
+    with serve(stub.app()) as url:
+        ready, again, message = run(url, tok, probe)
+    assert not ready and not again and "--skip-tokenizer-init" in message and url in message
+    assert stub.requests == []  # refused before any /generate
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [message]  # said once
+
+
+def test_a_runtime_that_does_not_tell_its_server_args_is_taken_as_it_is(tok):
+    stub = StubRuntime(tok, server_info_paths=())  # neither name answers
+
+    async def use(engine):
+        return await engine.ready(), await engine.sample([1, 2, 3], answer_params()[:1])
+
+    with serve(stub.app()) as url:
+        ready, branches = run(url, tok, use)
+    assert ready and len(branches) == 1
+
+
 def test_api_key_is_sent_as_bearer(runtime, tok):
     stub, url = runtime
     run(url, tok, lambda e: e.sample([1, 2, 3], answer_params()[:1]), api_key="k3y")
