@@ -9,8 +9,11 @@ import os
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from app.config import Settings
 from app.judge.examples import Mix
+from app.startup import StartupError, check_model, check_port, load_settings, settings_errors
 
 
 def _share(text: str) -> float:
@@ -21,14 +24,24 @@ def _share(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port."""
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 1..65535, not {value}")
+    return value
+
+
 def _serve(args: argparse.Namespace) -> int:
+    settings = load_settings({"host": args.host, "port": args.port})
+    check_port(settings.host, settings.port, "EGRM_HOST / --host", "EGRM_PORT / --port")
+    check_model(settings)
+
     import uvicorn
 
     from app.api.http_protocol import with_header_deadline
     from app.main import create_app
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings(**overrides)
     # On SIGTERM uvicorn stops accepting, lets in-flight requests finish (up to the grace), then
     # the lifespan closes the engine, which runs what is still queued before it stops.
     uvicorn.run(
@@ -43,18 +56,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _scorer(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.api.http_protocol import with_header_deadline
     from app.scorer.registry import ScorerLoadError, load_scorer
-    from app.scorer.worker import create_worker_app
 
+    settings = load_settings()
     try:
-        scorer = load_scorer(args.checkpoint)
+        scorer = load_scorer(args.checkpoint)  # a JSON file: milliseconds, no torch
     except ScorerLoadError as exc:
         print(f"egrm scorer: {exc}", file=sys.stderr)
         return 2
-    http = with_header_deadline(Settings().header_timeout_s)
+    check_port(args.host, args.port)
+
+    import uvicorn
+
+    from app.api.http_protocol import with_header_deadline
+    from app.scorer.worker import create_worker_app
+
+    http = with_header_deadline(settings.header_timeout_s)
     uvicorn.run(create_worker_app(scorer), host=args.host, port=args.port, log_level=args.log_level, http=http)
     return 0
 
@@ -63,7 +80,7 @@ def _fetch_model(args: argparse.Namespace) -> int:
     from app.engines.embedded.fetch import fetch_model
     from app.main import judge_model_path
 
-    settings = Settings()
+    settings = load_settings()
     fetch_model(settings.cache_dir)
     print(judge_model_path(settings))  # the judge adapter merged in (once), where it applies
     return 0
@@ -73,6 +90,7 @@ def _eval(args: argparse.Namespace) -> int:
     from app.evals.harness import EvalConfig
     from app.evals.runner import main as run_eval
 
+    check_model(load_settings())
     config = EvalConfig(
         m=args.m,
         tau=args.tau,
@@ -106,6 +124,8 @@ def _score(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.concurrency < 1:
         print("egrm score: --batch-size and --concurrency must be >= 1", file=sys.stderr)
         return 2
+    if not args.url:  # the model runs in this process
+        check_model(load_settings())
     inp, out = Path(args.input), Path(args.output)
     todo = read_todo(inp, done_ids(out))
     for bad in todo.bad:
@@ -132,6 +152,7 @@ def _score(args: argparse.Namespace) -> int:
 def _make_scorer_data(args: argparse.Namespace) -> int:
     from app.scorer.data import make_data
 
+    check_model(load_settings())
     counts = make_data(args.out, args.train, args.test, args.long_max_tokens, args.seed)
     print(json.dumps({"out": str(args.out), **counts}))
     return 0
@@ -153,7 +174,7 @@ def _train_grm(args: argparse.Namespace) -> int:
     from app.judge.train import GrmTrainConfig, train_grm
     from app.main import model_path
 
-    settings = Settings()
+    settings = load_settings()
     if not settings.model:
         from app.engines.embedded.fetch import fetch_model
 
@@ -204,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     scorer = sub.add_parser("scorer", help="run the scorer worker (the API reaches it by EGRM_SCORER_URL)")
     scorer.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    scorer.add_argument("--port", type=int, default=8001, help="port (default 8001)")
+    scorer.add_argument("--port", type=_port, default=8001, help="port (default 8001)")
     scorer.add_argument(
         "--checkpoint",
         default="",
@@ -322,7 +343,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except StartupError as exc:
+        lines = list(exc.lines)
+    except ValidationError as exc:  # Settings built deeper than the command's own checks
+        if exc.title != Settings.__name__:
+            raise
+        lines = settings_errors(exc)
+    for line in lines:
+        print(f"egrm: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
