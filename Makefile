@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model serve test lint typecheck bench loadtest soak clean
+.PHONY: install model llama-server llama-judge serve test lint typecheck bench bench-peers loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ install: $(INSTALLED)
 model: install  ## download and convert the default model once (idempotent)
 	$(BIN)/egrm fetch-model
 
+llama-server: install  ## build llama.cpp's llama-server once into the user cache (about 5 min on 2 cores; idempotent)
+	deploy/llama-server/build.sh $(BIN)/pip
+
+llama-judge: model llama-server  ## the judge egrm serves as one f32 GGUF, for llama-server (once; idempotent)
+	$(BIN)/python -m app.engines.llamacpp_local --outtype f32
+
 serve: model  ## run the service on the embedded default model
 	$(BIN)/egrm serve --host $(HOST) --port $(PORT)
 
@@ -31,13 +37,16 @@ lint: install
 typecheck: install
 	$(BIN)/mypy app
 
-test: model lint typecheck  ## everything CI runs
+test: model llama-judge lint typecheck  ## everything CI runs (the llama.cpp tests need llama-server)
 	$(BIN)/pytest
 
 bench: model  ## every benchmark, one JSON line each
 	$(BIN)/python -m loadtest.bench_parallel --json
 	$(BIN)/python -m loadtest.bench_concurrency --json
 	$(BIN)/python -m loadtest.bench_latency
+
+bench-peers: llama-judge  ## egrm's embedded engine vs llama-server on this CPU, side by side (JSON)
+	$(BIN)/python -m loadtest.bench_peers --json
 
 loadtest: model  ## locust (4 users, 60 s) against a fresh server; CSV + HTML in reports/; fails on any error
 	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),4) --run-time $(or $(RUN_TIME),60s)

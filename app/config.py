@@ -32,9 +32,10 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Bind address; loopback unless exposed on purpose.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    engine: Literal["embedded", "sglang", "openai"] = Field(
+    engine: Literal["embedded", "sglang", "openai", "llamacpp"] = Field(
         "embedded",
-        description="Engine backend: the in-process torch model, an SGLang runtime, or an OpenAI-compatible server.",
+        description="Engine backend: the in-process torch model, an SGLang runtime, an OpenAI-compatible "
+        "server, or a llama.cpp llama-server.",
     )
     model: str = Field(
         "",
@@ -81,6 +82,10 @@ class Settings(BaseSettings):
         description="Fields beyond the OpenAI API: vllm = structured_outputs regex for answers and "
         "returned token ids; vllm-legacy = guided_regex; openai = none (answers read from free text).",
     )
+    llamacpp_url: str = Field(
+        "http://127.0.0.1:8080", description="llama.cpp llama-server root URL (EGRM_ENGINE=llamacpp)."
+    )
+    llamacpp_api_key: SecretStr = Field(SecretStr(""), description="Bearer key of the llama-server (its --api-key).")
     backend_timeout_s: float = Field(
         120.0, gt=0, description="Most seconds one call to a remote backend may take (503 past it)."
     )

