@@ -29,10 +29,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def one(client: httpx.AsyncClient, url: str, i: int, template: str) -> tuple[float, float, int]:
+async def one(
+    client: httpx.AsyncClient, url: str, i: int, template: str, options: dict[str, Any] | None = None
+) -> tuple[float, float, int]:
     """One request: client latency (ms), the engine time the server timed (ms), prompt tokens
     the engine had to compute (neither shared by the branches nor served by the prefix cache)."""
-    body = {"items": [item(i)], "options": {"path": "short", "m": 5, "seed": i, "template": template}}
+    body = {
+        "items": [item(i)],
+        "options": {"path": "short", "m": 5, "seed": i, "template": template, **(options or {})},
+    }
     start = time.perf_counter()
     r = await client.post(f"{url}/v1/rewards", json=body, timeout=300)
     elapsed = (time.perf_counter() - start) * 1000
@@ -48,7 +53,10 @@ async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(wanted)}
 
 
-async def load(url: str, concurrency: int, requests: int, template: str) -> dict[str, Any]:
+async def load(
+    url: str, concurrency: int, requests: int, template: str, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Closed loop: `concurrency` clients send `requests` one-item requests in all; options join each."""
     latencies: list[float] = []
     overheads: list[float] = []
     computed = 0
@@ -57,14 +65,14 @@ async def load(url: str, concurrency: int, requests: int, template: str) -> dict
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal computed
         for i in counter:
-            ms, engine_ms, prefilled = await one(client, url, i, template)
+            ms, engine_ms, prefilled = await one(client, url, i, template, options)
             computed += prefilled
             latencies.append(ms)
             overheads.append(ms - engine_ms)
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits) as client:
-        await one(client, url, 10_000, template)  # warm-up
+        await one(client, url, 10_000, template, options)  # warm-up
         before = await engine_counters(client, url)
         start = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))

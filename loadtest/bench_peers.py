@@ -155,11 +155,12 @@ def llama(model: Path, cache_dir: Path, slots: int) -> Iterator[str]:
 
 
 def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]:
-    """Items/s at concurrency 1 and 16, each egrm a real `egrm serve` process."""
+    """Items/s at concurrency 1 and 16, each egrm a real `egrm serve` process (32 llama-server slots:
+    16 clients' branches run side by side)."""
     out: dict[str, Any] = {}
     with running_server() as url:
         out["egrm_embedded"] = _c1_c16(url, requests)
-    with llama(judge, settings.cache_dir, slots=16) as llama_url:
+    with llama(judge, settings.cache_dir, slots=32) as llama_url:
         env = {
             "EGRM_ENGINE": "llamacpp",
             "EGRM_LLAMACPP_URL": llama_url,
@@ -167,6 +168,9 @@ def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]
         }
         with running_server(env) as url:
             out["egrm_over_llama_f32"] = _c1_c16(url, requests)
+            # One temperature for the five: llama-server samples them in ONE n_cmpl call (one
+            # prefill); the ladder costs a call, and a prefill, per temperature.
+            out["egrm_over_llama_f32_one_temperature"] = _c1_c16(url, requests, {"temperatures": [0.8] * 5})
     for name, side in list(out.items()):
         out[f"ratio_items_per_s_c16_vs_c1_{name}"] = round(side["c16"]["rps"] / side["c1"]["rps"], 2)
     out["ratio_items_per_s_c16_llama_vs_embedded"] = round(
@@ -175,9 +179,12 @@ def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]
     return out
 
 
-def _c1_c16(url: str, requests: int) -> dict[str, Any]:
+def _c1_c16(url: str, requests: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
     async def both() -> dict[str, Any]:
-        return {"c1": await load(url, 1, requests, "verdict"), "c16": await load(url, 16, requests * 2, "verdict")}
+        return {
+            "c1": await load(url, 1, requests, "verdict", options),
+            "c16": await load(url, 16, requests * 2, "verdict", options),
+        }
 
     return asyncio.run(both())
 
@@ -189,7 +196,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=230)
     parser.add_argument("--requests", type=int, default=24, help="end to end: requests at concurrency 1 (2x at 16)")
     parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--end-to-end-only", action="store_true")
     args = parser.parse_args()
+    if args.end_to_end_only:
+        settings = Settings()
+        print(json.dumps({"end_to_end": end_to_end(settings, judge_gguf(settings, "f32"), args.requests)}))
+        return
 
     settings = Settings()
     fetch_model(settings.cache_dir)
