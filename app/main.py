@@ -59,12 +59,8 @@ def judge_model_path(settings: Settings) -> Path:
 
 
 def build_engine(settings: Settings) -> Engine:
-    if settings.engine == "sglang":
-        return _sglang(settings)
-    if settings.engine == "openai":
-        return _openai(settings)
-    if settings.engine == "llamacpp":
-        return _llamacpp(settings)
+    if settings.engine != "embedded":
+        return _remote(settings)
     from app.engines.embedded.engine import EmbeddedEngine  # torch loads only when needed
     from app.engines.embedded.loader import resolve_dtype
 
@@ -83,50 +79,32 @@ def build_engine(settings: Settings) -> Engine:
     )
 
 
-def _sglang(settings: Settings) -> Engine:
-    from app.engines.remote.tokenizer import load_tokenizer
-    from app.engines.sglang import SGLangEngine
-
-    engine = SGLangEngine(
-        load_tokenizer(model_path(settings)),
-        settings.sglang_url,
-        api_key=settings.sglang_api_key.get_secret_value(),
-        timeout_s=settings.backend_timeout_s,
-        max_queue=settings.max_queue,
-    )
-    log.info("engine: SGLang runtime at %s", engine.url)
-    return engine
-
-
-def _openai(settings: Settings) -> Engine:
-    from app.engines.openai import OpenAIEngine
+def _remote(settings: Settings) -> Engine:
+    """An engine that samples on another server; egrm keeps only the model's tokenizer."""
+    from app.engines.remote.base import RemoteEngine
     from app.engines.remote.tokenizer import load_tokenizer
 
-    engine = OpenAIEngine(
-        load_tokenizer(model_path(settings)),
-        settings.openai_url,
-        api_key=settings.openai_api_key.get_secret_value(),
-        model=settings.openai_model,
-        dialect=settings.openai_dialect,
-        timeout_s=settings.backend_timeout_s,
-        max_queue=settings.max_queue,
-    )
-    log.info("engine: OpenAI-compatible server at %s (%s dialect)", engine.url, settings.openai_dialect)
-    return engine
+    tokenizer = load_tokenizer(model_path(settings))
+    timeout_s, max_queue = settings.backend_timeout_s, settings.max_queue
+    engine: RemoteEngine
+    if settings.engine == "sglang":
+        from app.engines.sglang import SGLangEngine
 
+        key = settings.sglang_api_key.get_secret_value()
+        engine = SGLangEngine(tokenizer, settings.sglang_url, key, timeout_s, max_queue)
+    elif settings.engine == "openai":
+        from app.engines.openai import OpenAIEngine
 
-def _llamacpp(settings: Settings) -> Engine:
-    from app.engines.llamacpp import LlamaCppEngine
-    from app.engines.remote.tokenizer import load_tokenizer
+        key = settings.openai_api_key.get_secret_value()
+        engine = OpenAIEngine(
+            tokenizer, settings.openai_url, key, settings.openai_model, settings.openai_dialect, timeout_s, max_queue
+        )
+    else:
+        from app.engines.llamacpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(
-        load_tokenizer(model_path(settings)),
-        settings.llamacpp_url,
-        api_key=settings.llamacpp_api_key.get_secret_value(),
-        timeout_s=settings.backend_timeout_s,
-        max_queue=settings.max_queue,
-    )
-    log.info("engine: llama.cpp server at %s", engine.url)
+        key = settings.llamacpp_api_key.get_secret_value()
+        engine = LlamaCppEngine(tokenizer, settings.llamacpp_url, key, timeout_s, max_queue)
+    log.info("engine: %s at %s", engine.KIND, engine.url)
     return engine
 
 

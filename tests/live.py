@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
@@ -34,3 +34,13 @@ def serve(app: FastAPI, ready_timeout_s: float = 30) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 60) -> bool:
+    """Whether predicate() comes true within timeout_s (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False

@@ -33,8 +33,6 @@ from app.aio import gather_or_cancel
 from app.engines.base import Branch, BranchParams, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
 from app.engines.remote.base import RemoteEngine
-from app.engines.remote.client import BackendClient
-from app.engines.remote.tokenizer import LocalTokenizer
 
 _COMPLETION = "/completion"
 # Top entries asked for at each constrained position: enough to hold every allowed first token
@@ -72,17 +70,10 @@ def one_call(branches: Sequence[BranchParams]) -> BranchParams | None:
 
 
 class LlamaCppEngine(RemoteEngine):
-    def __init__(
-        self,
-        tokenizer: LocalTokenizer,
-        url: str,
-        api_key: str = "",
-        timeout_s: float = 120.0,
-        max_queue: int = 1024,
-    ):
-        """url: the server's root (http://127.0.0.1:8080), as llama-server prints it."""
-        super().__init__(tokenizer, BackendClient("llama.cpp server", url, api_key, timeout_s), timeout_s, max_queue)
-        self._served_model: str | None = None
+    """url: the server's root (http://127.0.0.1:8080), as llama-server prints it."""
+
+    KIND = "llama.cpp server"
+    _served_model: str | None = None  # /props' model_alias, once the server answers
 
     @property
     def model_name(self) -> str:
@@ -95,14 +86,6 @@ class LlamaCppEngine(RemoteEngine):
             if shared is not None:
                 return await self._complete(ids, shared, len(branches))
             done = await gather_or_cancel([self._complete(ids, b, 1) for b in branches])
-        return [one[0] for one in done]
-
-    async def continue_branches(
-        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
-    ) -> list[Branch]:
-        contexts = self._contexts(handles, appended, branches)
-        async with self._slot(len(branches)):
-            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
         return [one[0] for one in done]
 
     def _trie(self, p: BranchParams) -> TrieNode | None:
@@ -157,6 +140,9 @@ class LlamaCppEngine(RemoteEngine):
         ids = [int(i) for i in result["tokens"]] if result.get("tokens") is not None else [int(p["id"]) for p in probs]
         logprobs = [float(p["logprob"]) for p in probs]
         text = str(result["content"])
+        if result.get("stop_type") == "eos" and ids and ids[-1] in self._tok.eos_ids:
+            # As the embedded engine counts a branch: the end of turn is not one of its tokens.
+            ids, logprobs = ids[:-1], logprobs[: len(ids) - 1]
         if trie is not None:
             ids, logprobs = self._constrained(ids, probs, trie)
             text = self._tok.decode(ids)
@@ -175,21 +161,21 @@ class LlamaCppEngine(RemoteEngine):
     def _constrained(
         self, ids: list[int], probs: Sequence[dict[str, Any]], trie: TrieNode
     ) -> tuple[list[int], list[float]]:
-        """A constrained answer as the embedded engine reports it: it ends at a leaf of the trie
-        (the grammar's forced end of turn after it is not part of the answer), and each token's
+        """A constrained answer as the embedded engine reports it: it ends at a leaf of the trie or
+        where the end of turn follows a complete answer (neither is part of it), and each token's
         log-prob is renormalised over what the trie allowed there (the children, and the end of
         turn where an answer may end), so a Yes/No branch's two probabilities sum to one."""
         out_ids: list[int] = []
         out: list[float] = []
         node = trie
         for token, p in zip(ids, probs, strict=False):
+            if token not in node.children:
+                break  # the end of turn after a complete answer: not part of it
             top = {int(t["id"]): float(t["logprob"]) for t in p.get("top_logprobs") or []}
             allowed = set(node.children) | (self._tok.eos_ids if node.terminal else set())
             share = {t: v for t, v in top.items() if t in allowed} | {token: float(p["logprob"])}
             out_ids.append(token)
             out.append(share[token] - _logsumexp(list(share.values())))
-            if token not in node.children:
-                break  # the end of turn after a complete answer
             node = node.children[token]
             if node.is_leaf:
                 break

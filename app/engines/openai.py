@@ -40,7 +40,6 @@ from app.aio import gather_or_cancel
 from app.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.remote.answers import answers_regex
 from app.engines.remote.base import RemoteEngine
-from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
 log = logging.getLogger(__name__)
@@ -51,6 +50,8 @@ _NO_GUIDED_REGEX = (0, 12)  # the first vLLM release without guided_regex
 
 
 class OpenAIEngine(RemoteEngine):
+    KIND = "OpenAI-compatible server"
+
     def __init__(
         self,
         tokenizer: LocalTokenizer,
@@ -62,8 +63,7 @@ class OpenAIEngine(RemoteEngine):
         max_queue: int = 1024,
     ):
         """url: the API base, as the OpenAI SDK takes it (e.g. http://127.0.0.1:8000/v1)."""
-        client = BackendClient("OpenAI-compatible server", url, api_key, timeout_s)
-        super().__init__(tokenizer, client, timeout_s, max_queue)
+        super().__init__(tokenizer, url, api_key, timeout_s, max_queue)
         self._model = model or None  # None: the first model the server lists
         self.dialect = dialect
         self._asked = False  # the server's version was asked for (vllm-legacy only, once)
@@ -80,14 +80,6 @@ class OpenAIEngine(RemoteEngine):
                 return await self._complete(ids, branches[0], len(branches))
             done = await gather_or_cancel([self._complete(ids, b, 1) for b in branches])
         return [branch for one in done for branch in one]
-
-    async def continue_branches(
-        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
-    ) -> list[Branch]:
-        contexts = self._contexts(handles, appended, branches)
-        async with self._slot(len(branches)):
-            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
-        return [one[0] for one in done]
 
     def request_body(self, model: str, ids: list[int], p: BranchParams, n: int) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -46,7 +46,6 @@ from app.engines.base import (
 )
 from app.engines.remote.answers import answers_regex
 from app.engines.remote.base import RemoteEngine
-from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
 log = logging.getLogger(__name__)
@@ -92,6 +91,8 @@ def _logprobs_of_output(prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
 
 
 class SGLangEngine(RemoteEngine):
+    KIND = "SGLang runtime"
+
     def __init__(
         self,
         tokenizer: LocalTokenizer,
@@ -100,7 +101,7 @@ class SGLangEngine(RemoteEngine):
         timeout_s: float = 120.0,
         max_queue: int = 1024,
     ):
-        super().__init__(tokenizer, BackendClient("SGLang runtime", url, api_key, timeout_s), timeout_s, max_queue)
+        super().__init__(tokenizer, url, api_key, timeout_s, max_queue)
         self._runtime_model: str | None = None
         self._asked = False  # the runtime's server args were asked for (once)
         self._refusal: str | None = None  # why this runtime cannot judge

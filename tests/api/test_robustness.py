@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from loadtest.serverproc import running_server, server_process
+from tests.live import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +30,6 @@ def _steady(url: str, series: str) -> bool:
     before = metric(url, series)
     time.sleep(0.5)
     return metric(url, series) == before
-
-
-def wait_for(predicate, timeout_s: float = 60) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.fixture(scope="module")

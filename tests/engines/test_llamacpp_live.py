@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from app.engines.llamacpp import LlamaCppEngine
 from app.engines.llamacpp_local import judge_gguf, llama_server
 from app.main import create_app
 from loadtest.serverproc import free_port
-from tests.live import serve
+from tests.live import serve, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +66,21 @@ def test_rewards_on_the_short_and_the_long_path(egrm):
     assert all(len(r["candidates"]) == 5 for r in long.json()["results"])
     # The long path continues each sample: the server reuses the cached prompt for each.
     assert long.json()["usage"]["cached_prompt_tokens"] > 0
+
+
+def test_the_openai_engine_against_a_real_openai_compatible_server(llama, base_model_path):
+    """llama-server's /v1 is an OpenAI-compatible server: the `openai` engine meets a real one here
+    (standard fields only; answers read from free text)."""
+    settings = Settings(model=str(base_model_path), engine="openai", openai_url=f"{llama}/v1")
+    with serve(create_app(settings)) as url:
+        first = rewards(url, [RIGHT, WRONG], path="short", seed=5)
+        again = rewards(url, [RIGHT, WRONG], path="short", seed=5)
+    assert first.status_code == 200, first.text
+    right, wrong = first.json()["results"]
+    assert first.json()["model"] == ALIAS  # the first model /v1/models lists
+    assert right["reward"] > wrong["reward"] and right["error"] is None and wrong["verdict"] == "No"
+    # usage.prompt_tokens_details.cached_tokens: the repeated prompts come from the slots' cache.
+    assert again.json()["usage"]["cached_prompt_tokens"] > first.json()["usage"]["cached_prompt_tokens"]
 
 
 def test_chat_completions_through_egrm(egrm):
@@ -147,17 +161,8 @@ def test_a_killed_server_is_503_and_not_ready_then_recovers(gguf, base_model_pat
             r = asyncio.run(killed_mid_request())
         assert r.status_code == 503, r.text
         assert r.json()["error"]["type"] == "engine_unavailable" and url in r.json()["error"]["message"]
-        assert _eventually(lambda: httpx.get(f"{egrm}/readyz").status_code == 503)
+        assert wait_for(lambda: httpx.get(f"{egrm}/readyz").status_code == 503)
         with llama_server(gguf, Settings().cache_dir, port, alias=ALIAS):
-            assert _eventually(lambda: httpx.get(f"{egrm}/readyz").status_code == 200)
+            assert wait_for(lambda: httpx.get(f"{egrm}/readyz").status_code == 200)
             again = rewards(egrm, [RIGHT], path="short")
     assert again.status_code == 200 and again.json()["results"][0]["error"] is None
-
-
-def _eventually(check, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False

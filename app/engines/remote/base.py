@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.base import BranchParams, EngineBusyError, EngineStats, appended_ids
+from app.aio import gather_or_cancel
+from app.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, appended_ids
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
 
@@ -22,9 +23,14 @@ class RemoteBranch:
 
 
 class RemoteEngine:
-    def __init__(self, tokenizer: LocalTokenizer, client: BackendClient, timeout_s: float, max_queue: int):
+    KIND = "remote server"  # the backend in words, for logs and messages
+
+    def __init__(
+        self, tokenizer: LocalTokenizer, url: str, api_key: str = "", timeout_s: float = 120.0, max_queue: int = 1024
+    ):
+        """url: the backend's base URL; timeout_s bounds one call; max_queue the calls waiting."""
         self._tok = tokenizer
-        self._client = client
+        self._client = BackendClient(self.KIND, url, api_key, timeout_s)
         self._ready_timeout_s = min(timeout_s, 10.0)
         self._max_queue = max_queue
         self._in_flight = 0
@@ -65,6 +71,20 @@ class RemoteEngine:
         contexts = [[*h.ids, *ids] for h in handles]
         self._tok.check_context(max(len(c) for c in contexts), branches)
         return contexts
+
+    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+        """n branches of one parameter set from one prompt, in one server call."""
+        raise NotImplementedError
+
+    async def continue_branches(
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
+    ) -> list[Branch]:
+        """One call per branch, its whole context as the prompt: the server serves all but the
+        appended ids from its prompt cache."""
+        contexts = self._contexts(handles, appended, branches)
+        async with self._slot(len(branches)):
+            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+        return [one[0] for one in done]
 
     def _handle(self, context: Sequence[int], own_ids: Sequence[int]) -> RemoteBranch:
         return RemoteBranch(id(self), (*context, *self._tok.without_eos(list(own_ids))))
