@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         5.0, ge=0, le=1000, description="Under concurrency, how long the engine waits to fill a batch."
     )
     max_batch_branches: int = Field(128, ge=1, description="Most branches decoded in one engine step.")
+    max_batch_tokens: int = Field(
+        2048,
+        ge=16,
+        description="Most prompt tokens the embedded engine prefills in one admission (one uninterruptible "
+        "forward); requests past it wait for the next. A single longer prompt is admitted alone.",
+    )
     max_queue: int = Field(1024, ge=1, description="Most engine jobs waiting; more are refused.")
     sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang runtime base URL (EGRM_ENGINE=sglang).")
     sglang_api_key: SecretStr = Field(

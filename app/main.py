@@ -75,6 +75,7 @@ def build_engine(settings: Settings) -> Engine:
         prefix_cache=settings.prefix_cache,
         batch_window_ms=settings.batch_window_ms,
         max_batch_branches=settings.max_batch_branches,
+        max_batch_tokens=settings.max_batch_tokens,
         max_queue=settings.max_queue,
     )
 

@@ -135,7 +135,7 @@ def main() -> None:
     settings = Settings()
     shapes, layers, head = model_shapes()
     flops_per_token = 2 * (layers * sum(o * i for o, i in shapes) + head)
-    dtype = resolve_dtype(settings.dtype)
+    dtype = getattr(torch, resolve_dtype(settings.dtype))
     if settings.threads:
         torch.set_num_threads(settings.threads)
     with running_server() as url:

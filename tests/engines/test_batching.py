@@ -7,7 +7,7 @@ import pytest
 
 from app.engines.base import BranchParams, EngineBusyError
 from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.scheduler import ContinueJob, SampleJob
+from app.engines.embedded.scheduler import ContinueJob, SampleJob, Scheduler
 
 pytestmark = pytest.mark.slow
 
@@ -154,3 +154,45 @@ def test_rounds_on_one_fork_share_each_forward(plain):
         for x in (asyncio.run(plain.sample(p, [GREEDY]))[0] for p in ids[:2])
     ]
     assert [cont_a.future.result()[0].token_ids, cont_b.future.result()[0].token_ids] == alone
+
+
+def test_big_prompts_are_admitted_within_the_token_budget(loaded_fp32, plain):
+    """Jobs waiting together are admitted together only while their prompts fit max_batch_tokens:
+    one admission is one uninterruptible prefill. A single bigger prompt still goes, alone."""
+    ids = prompts(plain)
+    budget = len(ids[0]) + len(ids[1])  # the first two fit together; the third waits
+    engine = EmbeddedEngine(loaded_fp32, prefix_cache=False, max_batch_tokens=budget)
+    try:
+        hold = hold_model_thread(engine)
+        jobs = [SampleJob(p, [GREEDY]) for p in ids]
+        for job in jobs:
+            engine._scheduler.submit(job)
+        hold.set()
+        done = [job.future.result(timeout=60) for job in jobs]
+        assert engine.stats().batches == 2 and engine.stats().batched_requests == 3
+        alone = EmbeddedEngine(loaded_fp32, prefix_cache=False, max_batch_tokens=16)  # below any prompt
+        try:
+            one_by_one = [asyncio.run(alone.sample(p, [GREEDY])) for p in ids]
+        finally:
+            asyncio.run(alone.close())
+    finally:
+        asyncio.run(engine.close())
+    assert [d[0].token_ids for d in done] == [o[0].token_ids for o in one_by_one]
+
+
+def test_a_small_job_is_admitted_beside_big_ones_that_wait():
+    """Past the token budget a job waits, oldest first, and the next batch opens with it; a younger
+    job that fits goes ahead, so a small request does not queue behind every big prompt."""
+    admitted: list[list[int]] = []
+    scheduler = Scheduler(lambda jobs: admitted.append([j.tokens for j in jobs]) or [], lambda r: [], 64, 128, 0.0, 100)
+    try:
+        release = threading.Event()
+        scheduler.call(release.wait)
+        jobs = [SampleJob([1] * n, [GREEDY]) for n in (80, 90, 10, 300, 5)]
+        for job in jobs:
+            scheduler.submit(job)
+        release.set()
+        scheduler.call(lambda: None).result(timeout=10)
+    finally:
+        scheduler.close()
+    assert admitted == [[80, 10, 5], [90], [300]]

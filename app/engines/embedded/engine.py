@@ -38,6 +38,7 @@ class EmbeddedEngine:
         max_batch_branches: int = 128,
         prefix_cache: bool = True,
         batch_window_ms: float = 5.0,
+        max_batch_tokens: int = 2048,
     ):
         """model: a loaded model, or a loader to call on the model thread (see scheduler.py).
 
@@ -46,7 +47,9 @@ class EmbeddedEngine:
         """
         self.layout = Layout(layout)
         self._stats = EngineStats()
-        self._scheduler = Scheduler(self._start, self._advance, max_queue, max_batch_branches, batch_window_ms)
+        self._scheduler = Scheduler(
+            self._start, self._advance, max_queue, max_batch_branches, batch_window_ms, max_batch_tokens
+        )
         try:
             self._scheduler.call(lambda: self._setup(model, lean, prefix_cache)).result()
         except BaseException:

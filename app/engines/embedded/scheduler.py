@@ -47,6 +47,11 @@ class SampleJob(_ModelWork):
     def branches(self) -> int:
         return len(self.params)
 
+    @property
+    def tokens(self) -> int:
+        """Tokens its admission prefills (the prefix, once for all its branches)."""
+        return len(self.ids)
+
 
 @dataclass(slots=True)
 class ContinueJob(_ModelWork):
@@ -59,6 +64,10 @@ class ContinueJob(_ModelWork):
     def branches(self) -> int:
         return len(self.params)
 
+    @property
+    def tokens(self) -> int:
+        return len(self.ids) * len(self.rows)
+
 
 @dataclass(slots=True)
 class CallJob:
@@ -67,6 +76,7 @@ class CallJob:
     fn: Callable[[], Any]
     future: Future = field(default_factory=Future)
     branches: int = 0
+    tokens: int = 0
 
 
 Job = SampleJob | ContinueJob | CallJob
@@ -85,23 +95,28 @@ class Scheduler(Generic[R]):
         max_queue: int,
         max_batch_branches: int,
         window_ms: float = 5.0,
+        max_batch_tokens: int = 2048,
     ):
         self._start, self._advance = start, advance
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._max_queue = max_queue
         self._max_branches = max_batch_branches
+        # The prompt tokens one admission may prefill: its forward cannot be interrupted, so this
+        # bounds how long a deadline, a disconnect or a small request waits behind big prompts,
+        # and the activations of that forward (a lone bigger prompt is still admitted, alone).
+        self._max_tokens = max_batch_tokens
         self._window_s = window_ms / 1000
         self._last_size = 1  # jobs in the last batch
-        self._carry: Job | None = None  # a job that did not fit the last batch goes first next
+        self._carry: list[Job] = []  # jobs that did not fit the last batch, oldest first
         self._thread = threading.Thread(target=self._loop, name="egrm-engine", daemon=True)
         self._thread.start()
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._carry)
 
     def submit(self, job: Job) -> Future:
-        if self._queue.qsize() >= self._max_queue:
+        if self.depth >= self._max_queue:
             raise EngineBusyError(f"engine queue is full ({self._max_queue} jobs waiting)")
         self._queue.put(job)
         return job.future
@@ -115,10 +130,15 @@ class Scheduler(Generic[R]):
         self._thread.join(timeout=60)
 
     def _next_batch(self, block: bool) -> list[Job] | None:
-        """The jobs to admit now: [] when none wait (and not blocking), None when closing."""
-        if self._carry is not None:
-            first: Job | None = self._carry
-            self._carry = None
+        """The jobs to admit now: [] when none wait (and not blocking), None when closing.
+
+        Jobs that do not fit the budgets wait in `_carry`, in order, and the oldest of them opens
+        the next batch (so a big job is never starved); younger jobs that do fit go ahead of them,
+        so a small request is not queued behind every big prompt admitted before it.
+        """
+        waiting, self._carry = self._carry, []
+        if waiting:
+            first: Job | None = waiting.pop(0)
         elif block:
             first = self._queue.get()
         else:
@@ -128,30 +148,35 @@ class Scheduler(Generic[R]):
                 return []
         if first is None:
             return None
-        batch, branches = [first], first.branches
+        batch, branches, tokens = [first], first.branches, first.tokens
         # Under concurrency, replies to the last batch come back as new requests a few ms apart;
         # starting on the first one alone would split the load into one small and one large batch.
         # So while the last batch was shared, an idle engine waits up to the window for one more
         # job than it had. A lone client (last batch of one) never waits; a busy engine neither.
         deadline = time.monotonic() + self._window_s if block and self._last_size > 1 else 0.0
         while True:
-            try:
-                wait = deadline - time.monotonic()
-                job = (
-                    self._queue.get(timeout=wait)
-                    if wait > 0 and len(batch) <= self._last_size
-                    else self._queue.get_nowait()
-                )
-            except queue.Empty:
-                break
+            if waiting:
+                job: Job | None = waiting.pop(0)
+            else:
+                try:
+                    wait = deadline - time.monotonic()
+                    job = (
+                        self._queue.get(timeout=wait)
+                        if wait > 0 and len(batch) <= self._last_size
+                        else self._queue.get_nowait()
+                    )
+                except queue.Empty:
+                    break
             if job is None:  # closing: admit this batch, then stop
                 self._queue.put(None)
                 break
-            if branches + job.branches > self._max_branches:
-                self._carry = job
-                break
+            if branches + job.branches > self._max_branches or tokens + job.tokens > self._max_tokens:
+                self._carry.append(job)
+                continue
             batch.append(job)
             branches += job.branches
+            tokens += job.tokens
+        self._carry += waiting
         self._last_size = len(batch)
         return batch
 
