@@ -79,8 +79,10 @@ def test_the_openai_engine_against_a_real_openai_compatible_server(llama, base_m
     right, wrong = first.json()["results"]
     assert first.json()["model"] == ALIAS  # the first model /v1/models lists
     assert right["reward"] > wrong["reward"] and right["error"] is None and wrong["verdict"] == "No"
-    # usage.prompt_tokens_details.cached_tokens: the repeated prompts come from the slots' cache.
-    assert again.json()["usage"]["cached_prompt_tokens"] > first.json()["usage"]["cached_prompt_tokens"]
+    # usage.prompt_tokens_details.cached_tokens reaches usage: a repeated request's prompts are
+    # partly served from the slots' cache (how much depends on which slots its calls land on).
+    usage = again.json()["usage"]
+    assert 0 < usage["cached_prompt_tokens"] < usage["prompt_tokens"]
 
 
 def test_chat_completions_through_egrm(egrm):
