@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.aio import gather_or_cancel
-from app.engines.base import Branch, BranchParams, FinishReason
+from app.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
 from app.engines.remote.base import RemoteEngine
 
@@ -184,12 +184,13 @@ class LlamaCppEngine(RemoteEngine):
     async def ready(self) -> bool:
         if not await self._client.probe("/health", self._ready_timeout_s):
             return False
-        if self._served_model is None:
+        if self._served_model is None:  # the name is cosmetic: health alone decides readiness
             try:
                 props = await self._client.get("/props", self._ready_timeout_s)
-                self._served_model = str(props.get("model_alias") or "") or None
-            except Exception:  # noqa: BLE001 - the name is cosmetic; health decides readiness
-                self._served_model = None
+            except (EngineUnavailableError, BackendRejectedError):
+                return True
+            alias = props.get("model_alias") if isinstance(props, dict) else None
+            self._served_model = str(alias) if alias else None
         return True
 
 
