@@ -146,6 +146,9 @@ class _EngineCollector(Collector):
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("egrm_engine_queue_depth", "Jobs waiting for the model thread.", value=s.queue_depth)
+        yield GaugeMetricFamily(
+            "egrm_engine_kv_bytes", "KV cache allocated for branches still held (embedded engine).", value=s.kv_bytes
+        )
 
 
 class _GpuCollector(Collector):

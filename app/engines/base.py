@@ -73,6 +73,7 @@ class EngineStats:
     decode_steps: int = 0  # forwards after the prefill
     prefix_cache_hit_tokens: int = 0  # prompt tokens copied from the prefix cache, not computed
     queue_depth: int = 0  # jobs waiting for the model thread (a reading, not a counter)
+    kv_bytes: int = 0  # KV cache allocated for live branches (a reading; embedded engine only)
 
 
 @runtime_checkable

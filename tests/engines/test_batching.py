@@ -196,3 +196,21 @@ def test_a_small_job_is_admitted_beside_big_ones_that_wait():
     finally:
         scheduler.close()
     assert admitted == [[80, 10, 5], [90], [300]]
+
+
+def test_the_kv_held_by_live_branches_is_reported_and_freed_with_them(loaded_fp32):
+    """egrm_engine_kv_bytes: a fork's KV counts while any of its branches is held (the long path may
+    continue it), and not once the last one is dropped."""
+    import gc
+
+    engine = EmbeddedEngine(loaded_fp32, prefix_cache=False)
+    try:
+        assert engine.stats().kv_bytes == 0
+        branches = asyncio.run(engine.sample(prompts(engine)[0], [GREEDY] * 3))
+        held = engine.stats().kv_bytes
+        assert held == branches[0].handle.fork.allocated_bytes > 0
+        del branches
+        gc.collect()
+        assert engine.stats().kv_bytes == 0
+    finally:
+        asyncio.run(engine.close())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +49,10 @@ class EmbeddedEngine:
         """
         self.layout = Layout(layout)
         self._stats = EngineStats()
+        # Forks live as long as someone holds one of their branches (the long path continues them):
+        # weakly referenced here, so /metrics can say how much KV is held, never keeping one alive.
+        self._forks: weakref.WeakSet[Fork] = weakref.WeakSet()
+        self._forks_lock = threading.Lock()  # the model thread adds, the event loop sums
         self._scheduler = Scheduler(
             self._start, self._advance, max_queue, max_batch_branches, batch_window_ms, max_batch_tokens
         )
@@ -148,6 +154,8 @@ class EmbeddedEngine:
 
     def stats(self) -> EngineStats:
         self._stats.queue_depth = self._scheduler.depth
+        with self._forks_lock:
+            self._stats.kv_bytes = sum(f.allocated_bytes for f in self._forks)
         if self.prefix_cache is not None:
             self._stats.prefix_cache_hit_tokens = self.prefix_cache.hit_tokens
         return self._stats
@@ -194,12 +202,16 @@ class EmbeddedEngine:
         return going
 
     def _new_forks(self, jobs: list[SampleJob]) -> list[tuple[Fork, list[SampleJob]]]:
+        forks: list[tuple[Fork, list[SampleJob]]]
         if self._lean is None:
-            return [(ForkState(self._m.model, j.ids, j.branches, self._pad_id), [j]) for j in jobs]
-        reserve = min(64, max(p.max_new_tokens for j in jobs for p in j.params))
-        groups = [(j.ids, j.branches) for j in jobs]
-        fork = PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache)
-        return [(fork, jobs)]
+            forks = [(ForkState(self._m.model, j.ids, j.branches, self._pad_id), [j]) for j in jobs]
+        else:
+            reserve = min(64, max(p.max_new_tokens for j in jobs for p in j.params))
+            groups = [(j.ids, j.branches) for j in jobs]
+            forks = [(PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache), jobs)]
+        with self._forks_lock:
+            self._forks.update(fork for fork, _ in forks)
+        return forks
 
     def _sample_round(self, jobs: list[SampleJob]) -> Steps:
         for fork, group in self._new_forks(jobs):

@@ -75,6 +75,10 @@ class ForkState:
         return self.last_logits
 
     @property
+    def allocated_bytes(self) -> int:
+        return self.kv_bytes
+
+    @property
     def kv_bytes(self) -> int:
         """Bytes held by this fork's K and V tensors, all layers and rows."""
         total = 0

@@ -156,6 +156,11 @@ class PackedFork:
             self.owner = torch.cat([self.owner, extra.to(self.owner.device)], dim=1)
 
     @property
+    def allocated_bytes(self) -> int:
+        """Bytes of K/V allocated for this fork, all layers (what it holds in memory)."""
+        return self.cache.nbytes
+
+    @property
     def kv_bytes(self) -> int:
         """Bytes of K/V holding real tokens (prefix and branches), all layers."""
         per_slot = self.cache.nbytes // (self.cache.rows * self.cache.capacity)
