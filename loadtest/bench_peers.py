@@ -36,32 +36,14 @@ from app.engines.base import BranchParams
 from app.engines.embedded.engine import EmbeddedEngine
 from app.engines.embedded.fetch import fetch_model
 from app.engines.embedded.loader import resolve_dtype
-from app.engines.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, llama_server, wheel_gguf
+from app.engines.llamacpp import completion_body
+from app.engines.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, wheel_gguf
 from app.main import judge_model_path
 from loadtest.bench_concurrency import load
 from loadtest.bench_parallel import LADDER, make_prompt
-from loadtest.serverproc import free_port, running_server
+from loadtest.serverproc import free_port, llama_server, running_server
 
 NEW_TOKENS = 16
-
-
-def llama_body(ids: list[int], temperature: float, n: int, seed: int) -> dict[str, Any]:
-    """What egrm's llama.cpp backend sends for a branch (app/engines/llamacpp.py), EOS ignored."""
-    return {
-        "prompt": ids,
-        "n_predict": NEW_TOKENS,
-        "ignore_eos": True,
-        "temperature": temperature,
-        "top_p": 0.95,
-        "samplers": ["temperature", "top_p"],
-        "top_k": 0,
-        "min_p": 0.0,
-        "n_cmpl": n,
-        "n_probs": 1,
-        "cache_prompt": True,
-        "return_tokens": True,
-        "seed": seed,
-    }
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -98,7 +80,12 @@ def fork_suite(
 
     def theirs(url: str, temps: list[float], n: int) -> None:
         ids = prompt()
-        loop.run_until_complete(theirs_async(url, [llama_body(ids, t, n, i) for i, t in enumerate(temps)]))
+        # What egrm's llama.cpp backend sends for these branches, EOS ignored.
+        params = [
+            BranchParams(temperature=t, top_p=0.95, max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
+            for i, t in enumerate(temps)
+        ]
+        loop.run_until_complete(theirs_async(url, [completion_body(ids, p, n) for p in params]))
 
     contenders: dict[str, Callable[[], None]] = {}
     for dtype, ours_engine in engines.items():

@@ -1,4 +1,5 @@
-"""Start `egrm serve` or `egrm scorer` as a real process on a loopback port (benchmarks and tests)."""
+"""Start `egrm serve`, `egrm scorer` or llama.cpp's `llama-server` as a real process on a loopback
+port (benchmarks and tests)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
+
+from app.engines.llamacpp_local import server_binary
 
 
 def free_port() -> int:
@@ -46,14 +50,7 @@ def egrm_process(
         _wait_ready(proc, url, ready_timeout_s, log.name)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)  # a test may have stopped it; SIGTERM waits for SIGCONT
-            proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 @contextmanager
@@ -81,14 +78,57 @@ def scorer_process(
         yield running
 
 
-def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: str) -> None:
+@contextmanager
+def llama_server(
+    model: Path,
+    cache_dir: Path,
+    port: int,
+    slots: int = 5,
+    threads: int = 0,
+    context: int = 8192,
+    alias: str = "",
+    args: Sequence[str] = (),
+    ready_timeout_s: float = 120,
+) -> Iterator[subprocess.Popen]:
+    """A llama-server (built by `make llama-server`) on 127.0.0.1:port serving `model`, up until its
+    /health answers; stopped on exit. `slots` parallel sequences share one unified KV of `context`
+    tokens (so an n_cmpl call's children fit beside other requests)."""
+    log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+    command = [
+        str(server_binary(cache_dir)),
+        *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+        *("-np", str(slots), "-c", str(context), "-t", str(threads or os.cpu_count() or 1)),
+        *("--kv-unified", "--metrics", "--no-webui"),
+        *(("--alias", alias) if alias else ()),
+        *args,
+    ]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}", ready_timeout_s, log.name, "/health")
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)  # a test may have stopped it; SIGTERM waits for SIGCONT
+        proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, log_path: str, path: str = "/readyz") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             with open(log_path) as f:
                 raise RuntimeError(f"process exited with {proc.returncode}:\n{f.read()[-4000:]}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -32,7 +32,7 @@ from typing import Any
 from app.aio import gather_or_cancel
 from app.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.embedded.constraint import TrieNode, build_trie
-from app.engines.remote.base import RemoteEngine
+from app.engines.remote.base import CompletionsEngine
 
 _COMPLETION = "/completion"
 # Top entries asked for at each constrained position: enough to hold every allowed first token
@@ -69,7 +69,34 @@ def one_call(branches: Sequence[BranchParams]) -> BranchParams | None:
     return first
 
 
-class LlamaCppEngine(RemoteEngine):
+def completion_body(ids: list[int], p: BranchParams, n: int, trie: TrieNode | None = None) -> dict[str, Any]:
+    """The POST /completion body for n branches of p (trie: the allowed answers' tokens)."""
+    body: dict[str, Any] = {
+        "prompt": ids,
+        "n_predict": p.max_new_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        # The server's default chain is top-k 40, min-p 0.05, ... then temperature last: ours
+        # is the method's (and HF's, SGLang's): temperature, then the nucleus, nothing else.
+        "samplers": ["temperature", "top_p"],
+        "top_k": 0,
+        "min_p": 0.0,
+        "n_cmpl": n,
+        "n_probs": 1 if trie is None else _CONSTRAINED_TOP,
+        "cache_prompt": True,
+        "return_tokens": True,
+        "seed": -1 if p.seed is None else p.seed,  # -1: the server draws one
+    }
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if trie is not None:
+        body["grammar"] = gbnf_choice(trie)
+    if p.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+class LlamaCppEngine(CompletionsEngine):
     """url: the server's root (http://127.0.0.1:8080), as llama-server prints it."""
 
     KIND = "llama.cpp server"
@@ -91,39 +118,14 @@ class LlamaCppEngine(RemoteEngine):
     def _trie(self, p: BranchParams) -> TrieNode | None:
         return None if p.allowed is None else build_trie(self._tok.tokenizer, tuple(p.allowed))
 
-    def request_body(self, ids: list[int], p: BranchParams, n: int) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "prompt": ids,
-            "n_predict": p.max_new_tokens,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            # The server's default chain is top-k 40, min-p 0.05, ... then temperature last: ours
-            # is the method's (and HF's, SGLang's): temperature, then the nucleus, nothing else.
-            "samplers": ["temperature", "top_p"],
-            "top_k": 0,
-            "min_p": 0.0,
-            "n_cmpl": n,
-            "n_probs": 1 if p.allowed is None else _CONSTRAINED_TOP,
-            "cache_prompt": True,
-            "return_tokens": True,
-            "seed": -1 if p.seed is None else p.seed,  # -1: the server draws one
-        }
-        if p.stop:
-            body["stop"] = list(p.stop)
-        trie = self._trie(p)
-        if trie is not None:
-            body["grammar"] = gbnf_choice(trie)
-        if p.ignore_eos:
-            body["ignore_eos"] = True
-        return body
-
     async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
-        answer = await self._client.post(_COMPLETION, self.request_body(ids, p, n))
+        trie = self._trie(p)
+        answer = await self._client.post(_COMPLETION, completion_body(ids, p, n, trie))
         self._stats.batches += 1
         results = answer if isinstance(answer, list) else [answer]
         try:
             results = sorted(results, key=lambda r: int(r.get("index") or 0))
-            branches = [self._branch(ids, r, self._trie(p)) for r in results]
+            branches = [self._branch(ids, r, trie) for r in results]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self._client.malformed(_COMPLETION, f"{type(exc).__name__}: {exc}") from exc
         if len(branches) != n:

@@ -31,7 +31,6 @@ prompt token counts as computed.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -39,17 +38,15 @@ from typing import Any, Literal
 from app.aio import gather_or_cancel
 from app.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.remote.answers import answers_regex
-from app.engines.remote.base import RemoteEngine
+from app.engines.remote.base import CompletionsEngine
 from app.engines.remote.tokenizer import LocalTokenizer
-
-log = logging.getLogger(__name__)
 
 Dialect = Literal["openai", "vllm", "vllm-legacy"]
 _COMPLETIONS = "/completions"
 _NO_GUIDED_REGEX = (0, 12)  # the first vLLM release without guided_regex
 
 
-class OpenAIEngine(RemoteEngine):
+class OpenAIEngine(CompletionsEngine):
     KIND = "OpenAI-compatible server"
 
     def __init__(
@@ -67,7 +64,6 @@ class OpenAIEngine(RemoteEngine):
         self._model = model or None  # None: the first model the server lists
         self.dialect = dialect
         self._asked = False  # the server's version was asked for (vllm-legacy only, once)
-        self._refusal: str | None = None  # why this server cannot judge in this dialect
 
     @property
     def model_name(self) -> str:
@@ -109,8 +105,6 @@ class OpenAIEngine(RemoteEngine):
         return body
 
     async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
-        if self._refusal is not None:
-            raise EngineUnavailableError(self._refusal)
         model = self._model or await self._first_model()
         answer = await self._client.post(_COMPLETIONS, self.request_body(model, ids, p, n))
         self._stats.batches += 1
@@ -170,11 +164,10 @@ class OpenAIEngine(RemoteEngine):
         self._asked = True
         version = str(answer.get("version") or "") if isinstance(answer, dict) else ""
         if _release(version) >= _NO_GUIDED_REGEX:
-            self._refusal = (
+            self._refuse(
                 f"vLLM {version} at {self.url} ignores guided_regex (removed in vLLM 0.12), so the answers would "
                 "not be constrained: set EGRM_OPENAI_DIALECT=vllm (structured_outputs) instead of vllm-legacy"
             )
-            log.error("%s", self._refusal)
 
 
 def _release(version: str) -> tuple[int, int]:

@@ -32,7 +32,6 @@ the new text) as token ids: the runtime finds all but the new text in its radix 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,8 +46,6 @@ from app.engines.base import (
 from app.engines.remote.answers import answers_regex
 from app.engines.remote.base import RemoteEngine
 from app.engines.remote.tokenizer import LocalTokenizer
-
-log = logging.getLogger(__name__)
 
 _GENERATE = "/generate"
 _MODEL_INFO = ("/model_info", "/get_model_info")  # /get_model_info is the older name
@@ -104,7 +101,6 @@ class SGLangEngine(RemoteEngine):
         super().__init__(tokenizer, url, api_key, timeout_s, max_queue)
         self._runtime_model: str | None = None
         self._asked = False  # the runtime's server args were asked for (once)
-        self._refusal: str | None = None  # why this runtime cannot judge
 
     @property
     def model_name(self) -> str:
@@ -157,8 +153,6 @@ class SGLangEngine(RemoteEngine):
         )
 
     async def _generate(self, body: dict[str, Any]) -> list[_Output]:
-        if self._refusal is not None:
-            raise EngineUnavailableError(self._refusal)
         answer = await self._client.post(_GENERATE, body)
         self._stats.batches += 1
         items = answer if isinstance(answer, list) else [answer]
@@ -214,11 +208,10 @@ class SGLangEngine(RemoteEngine):
         args = await self._first_answer(_SERVER_INFO)
         self._asked = True
         if args and args.get("skip_tokenizer_init"):
-            self._refusal = (
+            self._refuse(
                 f"SGLang runtime at {self.url} was started with --skip-tokenizer-init: it answers token ids "
                 "without their text, which egrm reads for every answer; restart it without that flag"
             )
-            log.error("%s", self._refusal)
 
     async def _first_answer(self, paths: Sequence[str]) -> dict[str, Any] | None:
         """The first JSON object one of the paths answers (runtimes and the router name some differently)."""

@@ -17,9 +17,9 @@ import pytest
 from app.config import Settings
 from app.engines.base import BranchParams
 from app.engines.llamacpp import LlamaCppEngine
-from app.engines.llamacpp_local import judge_gguf, llama_server
+from app.engines.llamacpp_local import judge_gguf
 from app.main import create_app
-from loadtest.serverproc import free_port
+from loadtest.serverproc import free_port, llama_server
 from tests.live import serve, wait_for
 
 pytestmark = pytest.mark.slow

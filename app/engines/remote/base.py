@@ -1,17 +1,23 @@
 """What every engine that samples on another server shares: local tokenization, handles, a bounded
-number of calls in flight, stats. Subclasses say how branches travel (SGLang, OpenAI-compatible)."""
+number of calls in flight, stats, a refusal found at the readiness check. Subclasses say how
+branches travel (SGLang; OpenAI-compatible servers and llama.cpp, whose one call samples one
+parameter set: `CompletionsEngine`)."""
 
 from __future__ import annotations
 
+import logging
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from app.aio import gather_or_cancel
-from app.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, appended_ids
+from app.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, EngineUnavailableError, appended_ids
 from app.engines.remote.client import BackendClient
 from app.engines.remote.tokenizer import LocalTokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,7 @@ class RemoteEngine:
         self._max_queue = max_queue
         self._in_flight = 0
         self._stats = EngineStats()
+        self._refusal: str | None = None  # why this backend cannot judge (found by ready())
 
     @property
     def url(self) -> str:
@@ -72,26 +79,20 @@ class RemoteEngine:
         self._tok.check_context(max(len(c) for c in contexts), branches)
         return contexts
 
-    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
-        """n branches of one parameter set from one prompt, in one server call."""
-        raise NotImplementedError
-
-    async def continue_branches(
-        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
-    ) -> list[Branch]:
-        """One call per branch, its whole context as the prompt: the server serves all but the
-        appended ids from its prompt cache."""
-        contexts = self._contexts(handles, appended, branches)
-        async with self._slot(len(branches)):
-            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
-        return [one[0] for one in done]
+    def _refuse(self, why: str) -> None:
+        """From now on, not ready, and every call fails with why (a 503 that says it)."""
+        self._refusal = why
+        log.error("%s", why)
 
     def _handle(self, context: Sequence[int], own_ids: Sequence[int]) -> RemoteBranch:
         return RemoteBranch(id(self), (*context, *self._tok.without_eos(list(own_ids))))
 
     @asynccontextmanager
     async def _slot(self, branches: int) -> AsyncIterator[None]:
-        """Bound the calls waiting on the server, as the embedded engine bounds its queue."""
+        """Bound the calls waiting on the server, as the embedded engine bounds its queue. Every
+        call to the backend passes here, so a refused backend is never called."""
+        if self._refusal is not None:
+            raise EngineUnavailableError(self._refusal)
         if self._in_flight >= self._max_queue:
             raise EngineBusyError(f"{self._in_flight} calls are waiting on the {self._client.kind} (EGRM_MAX_QUEUE)")
         self._in_flight += 1
@@ -108,3 +109,21 @@ class RemoteEngine:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+class CompletionsEngine(RemoteEngine, ABC):
+    """A backend whose one call samples n branches of one parameter set from one prompt."""
+
+    @abstractmethod
+    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+        """n branches of p from the prompt ids, in one server call."""
+
+    async def continue_branches(
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
+    ) -> list[Branch]:
+        """One call per branch, its whole context as the prompt: the server serves all but the
+        appended ids from its prompt cache."""
+        contexts = self._contexts(handles, appended, branches)
+        async with self._slot(len(branches)):
+            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+        return [one[0] for one in done]
