@@ -57,21 +57,30 @@ class Settings(BaseSettings):
         "bf16 (AVX512-BF16, AMX), else float32 (emulated bf16 is 3-4x slower there: see README).",
     )
     threads: int = Field(0, ge=0, description="Torch CPU threads; 0 = all cores.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where the embedded engine runs: cpu, or cuda for a GPU when there is no SGLang."
+    )
     parallel_mode: Literal["sequence", "batch"] = Field(
         "sequence",
-        description="How the M branches share the prefix KV: packed in one sequence under a branch "
-        "mask (prefix stored once), or one batch row per branch (prefix copied). Lean forward only.",
+        description="How the M branches of a prompt meet in attention (their KV is shared either way): "
+        "packed in one sequence under a branch mask (the prefix read once), or one row per branch.",
     )
-    prefix_cache: bool = Field(True, description="Keep the KV of prompt heads that requests share.")
+    prefix_cache: bool = Field(True, description="Reuse the KV blocks of prompt heads that requests share.")
+    kv_cache_mb: float = Field(
+        1024,
+        ge=1,
+        description="The embedded engine's KV pool in MiB, preallocated: every running or held branch's KV "
+        "lives there. Requests wait for free blocks; one that could never fit gets 413.",
+    )
     batch_window_ms: float = Field(
-        5.0, ge=0, le=1000, description="Under concurrency, how long the engine waits to fill a batch."
+        5.0, ge=0, le=1000, description="Under concurrency, how long an idle engine waits to gather requests."
     )
-    max_batch_branches: int = Field(128, ge=1, description="Most branches decoded in one engine step.")
+    max_batch_branches: int = Field(128, ge=1, description="Most branches the embedded engine runs at once.")
     max_batch_tokens: int = Field(
-        2048,
+        512,
         ge=16,
-        description="Most prompt tokens the embedded engine prefills in one admission (one uninterruptible "
-        "forward); requests past it wait for the next. A single longer prompt is admitted alone.",
+        description="Most tokens one embedded engine step computes (decodes first, then prompt chunks "
+        "shared among requests): bounds how long a step, and so a deadline or a small request, waits.",
     )
     max_queue: int = Field(1024, ge=1, description="Most engine jobs waiting; more are refused.")
     sglang_url: str = Field("http://127.0.0.1:30000", description="SGLang runtime base URL (EGRM_ENGINE=sglang).")

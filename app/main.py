@@ -65,13 +65,15 @@ def build_engine(settings: Settings) -> Engine:
     from app.engines.embedded.loader import resolve_dtype
 
     path = judge_model_path(settings)
-    dtype = resolve_dtype(settings.dtype)
+    dtype = resolve_dtype(settings.dtype, settings.device)
     log.info("loading %s (dtype %s, asked %s)", path, dtype, settings.dtype)
     return EmbeddedEngine.load(
         str(path),
         dtype=dtype,
         threads=settings.threads,
+        device=settings.device,
         layout=settings.parallel_mode,
+        kv_cache_mb=settings.kv_cache_mb,
         prefix_cache=settings.prefix_cache,
         batch_window_ms=settings.batch_window_ms,
         max_batch_branches=settings.max_batch_branches,

@@ -134,20 +134,28 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         s = self._stats()
         counters = {
-            "egrm_engine_batches": ("Model-thread rounds that ran requests.", s.batches),
+            "egrm_engine_batches": ("Engine steps (one forward each).", s.batches),
             "egrm_engine_batched_requests": (
-                "Engine jobs run, summed over rounds (/ batches = mean batch).",
+                "Engine jobs (sample or continue calls) taken.",
                 s.batched_requests,
             ),
-            "egrm_engine_batched_branches": ("Branches run, summed over rounds.", s.batched_branches),
-            "egrm_engine_decode_steps": ("Decode forwards after the prefill.", s.decode_steps),
+            "egrm_engine_batched_branches": ("Branches in those jobs.", s.batched_branches),
+            "egrm_engine_decode_steps": (
+                "Engine steps that decoded (a step may also compute prompt chunks).",
+                s.decode_steps,
+            ),
             "egrm_prefix_cache_hit_tokens": ("Prompt tokens served from the prefix cache.", s.prefix_cache_hit_tokens),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
         yield GaugeMetricFamily("egrm_engine_queue_depth", "Jobs waiting for the model thread.", value=s.queue_depth)
         yield GaugeMetricFamily(
-            "egrm_engine_kv_bytes", "KV cache allocated for branches still held (embedded engine).", value=s.kv_bytes
+            "egrm_engine_kv_bytes", "KV pool in use by running and held branches (embedded engine).", value=s.kv_bytes
+        )
+        yield GaugeMetricFamily(
+            "egrm_engine_kv_capacity_bytes",
+            "KV pool size (embedded engine, EGRM_KV_CACHE_MB).",
+            value=s.kv_capacity_bytes,
         )
 
 

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engines.base import EngineBusyError, EngineUnavailableError
+from app.engines.base import EngineBusyError, EngineUnavailableError, RequestTooLargeError
 from app.pipeline.service import PromptTooLongError
 from app.protocol import ErrorDetail, ErrorResponse
 
@@ -106,6 +106,11 @@ def _prompt_too_long(_: Request, exc: Exception) -> JSONResponse:
     return error_response(413, "invalid_request_error", message, f"items[{exc.index}]")
 
 
+def _too_large(_: Request, exc: Exception) -> JSONResponse:
+    # Never retried: no wait makes it fit (the message names the limit).
+    return error_response(413, "invalid_request_error", str(exc), "items")
+
+
 def _busy(_: Request, exc: Exception) -> JSONResponse:
     return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
 
@@ -125,6 +130,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(EngineBusyError, _busy)
+    app.add_exception_handler(RequestTooLargeError, _too_large)
     app.add_exception_handler(EngineUnavailableError, _unavailable)
     app.add_exception_handler(PromptTooLongError, _prompt_too_long)
     app.add_exception_handler(ClientGoneError, _client_gone)

@@ -15,6 +15,7 @@ from fastapi import Request
 from app.api.errors import ApiError
 from app.api.lifecycle import guarded
 from app.config import Settings, temperature_ladder
+from app.engines.base import client_request
 from app.metrics import Metrics
 from app.pipeline.service import PromptTooLongError, RewardPipeline
 from app.pipeline.types import ConsensusMode, ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
@@ -90,6 +91,7 @@ async def score_items(
     prompt is over the token limit; without it the pipeline's 'items[i]' stands.
     """
     start = time.perf_counter()
+    client_request.set(object())  # the engine shares its steps fairly among requests, not among items
     with metrics.in_flight.track_inprogress():
         # The pipeline keeps the deadline (items still running then get a timeout error, the
         # finished ones their results); the guard's own is a backstop a little later.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -67,13 +68,14 @@ class Branch:
 class EngineStats:
     """Counters an engine fills as it works; metrics.py turns them into Prometheus series."""
 
-    batches: int = 0  # model-thread rounds that ran at least one request
-    batched_requests: int = 0  # sample and continue jobs across those rounds
-    batched_branches: int = 0
-    decode_steps: int = 0  # forwards after the prefill
-    prefix_cache_hit_tokens: int = 0  # prompt tokens copied from the prefix cache, not computed
+    batches: int = 0  # engine steps (one forward each) or backend calls
+    batched_requests: int = 0  # sample and continue jobs taken
+    batched_branches: int = 0  # branches in those jobs
+    decode_steps: int = 0  # steps that decoded
+    prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache, not computed
     queue_depth: int = 0  # jobs waiting for the model thread (a reading, not a counter)
-    kv_bytes: int = 0  # KV cache allocated for live branches (a reading; embedded engine only)
+    kv_bytes: int = 0  # KV cache in use by branches, running or held (a reading; embedded engine only)
+    kv_capacity_bytes: int = 0  # the KV pool's size (embedded engine only)
 
 
 @runtime_checkable
@@ -120,6 +122,17 @@ def appended_ids(encode: Callable[[str], list[int]], appended: str | Sequence[in
     if not ids:
         raise ValueError("what to append must not be empty")
     return ids
+
+
+# The client request an engine call serves (any object; None = untagged). Set once per HTTP
+# request; the tasks the pipeline starts for it inherit it. The embedded engine shares its steps
+# fairly among tags, so a one-item request is not queued behind every item of a big one.
+client_request: ContextVar[object | None] = ContextVar("egrm_client_request", default=None)
+
+
+class RequestTooLargeError(Exception):
+    """The call can never fit the engine's limits, however long it waits (HTTP 413). Not a
+    ValueError: it fails the whole request up front instead of becoming one item's error."""
 
 
 class ContextLengthError(ValueError):

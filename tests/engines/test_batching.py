@@ -1,37 +1,58 @@
-"""Layouts, request batching and the prefix cache change the cost, never the greedy output (fp32)."""
+"""Engine steps: layouts, batching, chunks, the prefix cache and the pool change the cost, never the
+greedy output (fp32). Tests drive step() on the model thread."""
 
 import asyncio
+import gc
 import threading
 
 import pytest
 
-from app.engines.base import BranchParams, EngineBusyError
+from app.engines.base import BranchParams, EngineBusyError, RequestTooLargeError
 from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.scheduler import ContinueJob, SampleJob, Scheduler
+from app.engines.embedded.sequence import Job
 
 pytestmark = pytest.mark.slow
 
 GREEDY = BranchParams(temperature=0, max_new_tokens=12)
 QUESTIONS = ["Why is the sea salty?", "Name a prime number above 50.", "What does a judge do in court? Be brief."]
+LONG = "Tell me about the history of the town. " * 100  # ~900 tokens
 
 
 def prompts(engine: EmbeddedEngine) -> list[list[int]]:
     return [engine.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
+def tokens(branches) -> list[list[int]]:
+    return [b.token_ids for b in branches]
+
+
+def drive(engine: EmbeddedEngine, jobs: list[Job], between=None, later: tuple[Job, ...] = ()) -> int:
+    """On the model thread: add the jobs, step until they and `later` (jobs between() adds) are all
+    answered; returns the steps taken. between(step) runs after each step (to add jobs, or look)."""
+
+    def run() -> int:
+        for job in jobs:
+            job.future.set_running_or_notify_cancel()
+            engine.add(job)
+        steps = 0
+        while not all(j.future.done() for j in (*jobs, *later)):
+            if not engine.step():  # nothing ran: only right when what was left was dropped
+                assert all(j.future.done() for j in (*jobs, *later)), "a step with work to do ran nothing"
+                break
+            steps += 1
+            if between is not None:
+                between(steps)
+        return steps
+
+    return engine.run_on_model_thread(run)
+
+
 def hold_model_thread(engine: EmbeddedEngine) -> threading.Event:
     """Occupy the model thread until the returned event is set."""
     started, release = threading.Event(), threading.Event()
-    engine._scheduler.call(lambda: (started.set(), release.wait()))
+    engine.call(lambda: (started.set(), release.wait()))
     started.wait(timeout=10)
     return release
-
-
-def run_rounds(engine: EmbeddedEngine, jobs) -> None:
-    """What the model thread does with jobs admitted together, here, to the end."""
-    rounds = engine._start(jobs)
-    while rounds:
-        rounds = engine._advance(rounds)
 
 
 @pytest.fixture(scope="module")
@@ -41,76 +62,169 @@ def plain(loaded_fp32):
     asyncio.run(engine.close())
 
 
-def test_one_sequence_equals_batch_and_stores_the_prefix_once(loaded_fp32, plain):
+def test_layouts_give_the_same_tokens_and_the_branches_share_the_prompts_blocks(loaded_fp32, plain):
     seq = EmbeddedEngine(loaded_fp32, layout="sequence", prefix_cache=False)
     try:
         ids = prompts(plain)[0]
         batched = asyncio.run(plain.sample(ids, [GREEDY] * 5))
         packed = asyncio.run(seq.sample(ids, [GREEDY] * 5))
+        used = seq.stats().kv_bytes
     finally:
         asyncio.run(seq.close())
-    assert [b.token_ids for b in packed] == [b.token_ids for b in batched]
-    new = sum(b.completion_tokens for b in batched)
+    assert tokens(packed) == tokens(batched)
+    # The prompt's full blocks once; each branch its own copy of the partial last one, and the
+    # blocks of what it generated (its last token is sampled, not computed).
+    block = 16
+    full = len(ids) // block
+    own = sum(-(-(len(ids) + b.completion_tokens - 1) // block) - full for b in packed)
     cfg = loaded_fp32.model.config
-    per_slot = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
-    # Batch rows each hold a copy of the prefix; one sequence holds it once. The last token of
-    # each branch is sampled but not yet fed, so it has no slot in either layout.
-    assert batched[0].handle.fork.kv_bytes == per_slot * (5 * len(ids) + new - 5)
-    assert packed[0].handle.fork.kv_bytes == per_slot * (len(ids) + new - 5)
+    per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    assert used == (full + own) * block * per_token
 
 
-def test_requests_batched_together_equal_requests_run_alone(plain):
+def test_requests_stepped_together_equal_requests_run_alone(plain):
     ids = prompts(plain)
     alone = [asyncio.run(plain.sample(p, [GREEDY] * 2)) for p in ids]
-    jobs = [SampleJob(p, [GREEDY] * 2) for p in ids]
-    run_rounds(plain, jobs)  # on this thread: three prefixes of different lengths, one fork
+    steps_alone = plain.stats().batches
+    jobs = [Job.sample(p, [GREEDY] * 2) for p in ids]
+    steps = drive(plain, jobs)  # three prompts of different lengths in the same steps
     together = [j.future.result() for j in jobs]
-    assert [[b.token_ids for b in r] for r in together] == [[b.token_ids for b in r] for r in alone]
-    assert len({id(r[0].handle.fork) for r in together}) == 1  # they really shared one fork
-    # Continuations of two requests of that fork merge into one round too.
+    assert [tokens(r) for r in together] == [tokens(r) for r in alone]
+    assert steps <= 13 < steps_alone  # a prefill step and 12 decodes, for all three at once
+    # Continuations of two of them, and of branches of different requests, in one job.
     more = BranchParams(temperature=0, max_new_tokens=6)
     so = plain.encode(" So")
-    conts = [ContinueJob(r[0].handle.fork, [b.handle.row for b in r], so, [more, more]) for r in together[:2]]
-    run_rounds(plain, conts)
-    merged = [[b.token_ids for b in c.future.result()] for c in conts]
+    both = Job.continuation([together[0][0].handle, together[1][1].handle], so, [more, more], None)
+    drive(plain, [both])
     separate = [
-        [b.token_ids for b in asyncio.run(plain.continue_branches([x.handle for x in r], " So", [more, more]))]
-        for r in alone[:2]
+        asyncio.run(plain.continue_branches([r[i].handle], " So", [more]))[0].token_ids
+        for r, i in ((alone[0], 0), (alone[1], 1))
     ]
-    assert merged == separate
+    assert tokens(both.future.result()) == separate
 
 
-def test_concurrent_calls_through_the_async_api(plain):
+def test_a_continuation_joins_the_steps_of_one_already_running(plain):
     ids = prompts(plain)
+    a, b = (asyncio.run(plain.sample(p, [GREEDY]))[0] for p in ids[:2])
+    more = BranchParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    cont_a = Job.continuation([a.handle], plain.encode(" Next"), [more], None)
+    cont_b = Job.continuation([b.handle], plain.encode(" Next"), [more], None)
+    forwards = plain.stats().batches
 
-    async def all_at_once():
-        return await asyncio.gather(*(plain.sample(p, [GREEDY]) for p in ids * 2))
+    def add_b(step: int) -> None:
+        if step == 1:  # a is already a step ahead when b arrives
+            cont_b.future.set_running_or_notify_cancel()
+            plain.add(cont_b)
 
-    results = asyncio.run(all_at_once())
-    alone = [asyncio.run(plain.sample(p, [GREEDY]))[0].token_ids for p in ids]
-    assert [r[0].token_ids for r in results] == alone * 2
+    steps = drive(plain, [cont_a], between=add_b, later=(cont_b,))
+    assert plain.stats().batches - forwards == steps <= 10  # one forward per step, for both
+    alone = [
+        asyncio.run(plain.continue_branches([x.handle], " Next", [more]))[0].token_ids
+        for x in (asyncio.run(plain.sample(p, [GREEDY]))[0] for p in ids[:2])
+    ]
+    assert [cont_a.future.result()[0].token_ids, cont_b.future.result()[0].token_ids] == alone
 
 
-def test_prefix_cache_serves_the_shared_head_with_the_same_output(loaded_fp32, plain):
+def test_a_long_prompt_is_computed_in_chunks_beside_the_decodes_of_others(loaded_fp32, plain):
+    engine = EmbeddedEngine(loaded_fp32, layout="sequence", prefix_cache=False, max_batch_tokens=64)
+    try:
+        short, long = prompts(engine)[0], engine.encode_chat([{"role": "user", "content": LONG}])
+        assert len(long) > 12 * 64
+        first = Job.sample(short, [GREEDY] * 3)
+        big = Job.sample(long, [GREEDY] * 2)
+        done_at: dict[str, int] = {}
+
+        def look(step: int) -> None:
+            for name, job in (("short", first), ("long", big)):
+                if job.future.done():
+                    done_at.setdefault(name, step)
+
+        drive(engine, [first, big], between=look)
+    finally:
+        asyncio.run(engine.close())
+    assert done_at["short"] < done_at["long"]  # it decoded while the long prompt went in, chunk by chunk
+    assert tokens(first.future.result()) == tokens(asyncio.run(plain.sample(short, [GREEDY] * 3)))
+    assert tokens(big.future.result()) == tokens(asyncio.run(plain.sample(long, [GREEDY] * 2)))
+
+
+def test_the_prefix_cache_serves_shared_heads_with_the_same_output(loaded_fp32, plain):
     cached = EmbeddedEngine(loaded_fp32, layout="sequence")
     try:
         ids = prompts(cached)
-        first = [asyncio.run(cached.sample(p, [GREEDY])) for p in ids]  # learns the shared head
+        first = [asyncio.run(cached.sample(p, [GREEDY])) for p in ids]
         again = [asyncio.run(cached.sample(p, [GREEDY])) for p in ids]
-        assert cached.prefix_cache is not None and cached.prefix_cache.hits > 0
+        hits = cached.stats().prefix_cache_hit_tokens
     finally:
         asyncio.run(cached.close())
     reference = [asyncio.run(plain.sample(p, [GREEDY]))[0].token_ids for p in ids]
     assert [r[0].token_ids for r in first] == reference == [r[0].token_ids for r in again]
-    # The cache hit is reported as cached prompt tokens on the first branch.
-    assert all(r[0].cached_prompt_tokens > 0 for r in again)
+    # Whole blocks of each prompt, its last token excepted, came from the cache the second time.
+    assert [r[0].cached_prompt_tokens for r in again] == [(len(p) - 1) // 16 * 16 for p in ids]
+    assert hits >= sum(r[0].cached_prompt_tokens for r in again) > 0
+
+
+def test_a_small_pool_preempts_and_recomputes_with_the_same_output(loaded_fp32, plain):
+    """Five requests of five branches in a pool that holds about two: they wait for blocks, running
+    branches are preempted and recomputed, held branches lose their KV, and nothing changes."""
+    engine = EmbeddedEngine(loaded_fp32, prefix_cache=True, kv_cache_mb=24)  # 34 blocks of 16 tokens
+    try:
+        ids = prompts(engine)
+        params = [BranchParams(temperature=0, max_new_tokens=40, ignore_eos=True)] * 5
+        jobs = [Job.sample(ids[i % 3], params) for i in range(5)]
+        peak: list[int] = []
+        drive(engine, jobs, between=lambda _: peak.append(engine.stats().kv_bytes))
+        assert max(peak) <= engine.stats().kv_capacity_bytes
+        assert engine._scheduler.preempted > 0
+        # A held branch whose KV was dropped is recomputed when continued.
+        held = jobs[0].future.result()[0]
+        more = BranchParams(temperature=0, max_new_tokens=5)
+        continued = asyncio.run(engine.continue_branches([held.handle], " So", [more]))[0]
+    finally:
+        asyncio.run(engine.close())
+    expected = tokens(asyncio.run(plain.sample(ids[0], params)))
+    assert [tokens(j.future.result()) for j in jobs[::3]] == [
+        expected,
+        tokens(asyncio.run(plain.sample(ids[0], params))),
+    ]
+    again = asyncio.run(plain.sample(ids[0], params))[0]
+    assert continued.token_ids == asyncio.run(plain.continue_branches([again.handle], " So", [more]))[0].token_ids
+
+
+def test_a_call_that_could_never_fit_is_refused_up_front(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32, kv_cache_mb=4, max_batch_branches=4)  # 5 blocks: 80 tokens
+    try:
+        with pytest.raises(RequestTooLargeError, match="EGRM_KV_CACHE_MB"):
+            asyncio.run(engine.sample(prompts(engine)[2], [BranchParams(max_new_tokens=64)]))
+        with pytest.raises(RequestTooLargeError, match="EGRM_MAX_BATCH_BRANCHES"):
+            asyncio.run(engine.sample([1, 2, 3], [BranchParams(max_new_tokens=1)] * 5))
+        assert engine.stats().batches == 0
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_an_abandoned_job_stops_and_frees_its_blocks_at_the_next_step(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32, prefix_cache=False, max_batch_tokens=64)
+    try:
+        long = engine.encode_chat([{"role": "user", "content": LONG}])
+        job = Job.sample(long, [GREEDY] * 4)
+
+        def abandon(step: int) -> None:
+            if step == 2:
+                assert engine.stats().kv_bytes > 0
+                job.abandoned.set()  # the caller's deadline passed
+
+        drive(engine, [job], between=abandon)
+        assert job.future.cancelled() or job.future.exception() is not None
+        assert engine.stats().kv_bytes == 0 and engine.stats().batches == 2  # no forward after it
+    finally:
+        asyncio.run(engine.close())
 
 
 def test_a_full_queue_refuses_at_once(loaded_fp32):
     engine = EmbeddedEngine(loaded_fp32, max_queue=1)
     try:
         busy = hold_model_thread(engine)
-        waiting = engine._scheduler.call(lambda: None)  # fills the queue (1 slot)
+        waiting = engine.call(lambda: None)  # fills the queue (1 slot)
         with pytest.raises(EngineBusyError):
             asyncio.run(engine.sample(prompts(engine)[0], [GREEDY]))
         busy.set()
@@ -123,94 +237,32 @@ def test_a_cancelled_caller_costs_no_model_work(loaded_fp32):
     engine = EmbeddedEngine(loaded_fp32)
     try:
         hold = hold_model_thread(engine)
-        job = SampleJob(prompts(engine)[0], [GREEDY])
-        engine._scheduler.submit(job)
-        job.future.cancel()  # the caller went away while it waited
+
+        async def leave_early() -> None:
+            call = asyncio.ensure_future(engine.sample(prompts(engine)[0], [GREEDY]))
+            await asyncio.sleep(0.05)
+            call.cancel()  # the caller went away while its job waited
+
+        asyncio.run(leave_early())
         hold.set()
         engine.run_on_model_thread(lambda: None)  # everything before it has been handled
-        assert job.future.cancelled() and engine.stats().batches == 0
+        assert engine.stats().batches == 0
     finally:
         asyncio.run(engine.close())
-
-
-def test_rounds_on_one_fork_share_each_forward(plain):
-    """A continuation admitted while another is decoding on the same fork joins its forwards."""
-    ids = prompts(plain)
-    jobs = [SampleJob(p, [GREEDY]) for p in ids[:2]]
-    run_rounds(plain, jobs)
-    a, b = (j.future.result()[0] for j in jobs)
-    more = BranchParams(temperature=0, max_new_tokens=8, ignore_eos=True)
-    cont_a = ContinueJob(a.handle.fork, [a.handle.row], plain.encode(" Next"), [more])
-    cont_b = ContinueJob(b.handle.fork, [b.handle.row], plain.encode(" Next"), [more])
-    rounds = plain._advance(plain._start([cont_a]))  # a is already a step ahead when b arrives
-    rounds += plain._start([cont_b])
-    steps_before, advances = plain.stats().decode_steps, 0
-    while rounds:
-        rounds = plain._advance(rounds)
-        advances += 1
-    assert plain.stats().decode_steps - steps_before == advances  # one forward per step for both
-    alone = [
-        asyncio.run(plain.continue_branches([x.handle], " Next", [more]))[0].token_ids
-        for x in (asyncio.run(plain.sample(p, [GREEDY]))[0] for p in ids[:2])
-    ]
-    assert [cont_a.future.result()[0].token_ids, cont_b.future.result()[0].token_ids] == alone
-
-
-def test_big_prompts_are_admitted_within_the_token_budget(loaded_fp32, plain):
-    """Jobs waiting together are admitted together only while their prompts fit max_batch_tokens:
-    one admission is one uninterruptible prefill. A single bigger prompt still goes, alone."""
-    ids = prompts(plain)
-    budget = len(ids[0]) + len(ids[1])  # the first two fit together; the third waits
-    engine = EmbeddedEngine(loaded_fp32, prefix_cache=False, max_batch_tokens=budget)
-    try:
-        hold = hold_model_thread(engine)
-        jobs = [SampleJob(p, [GREEDY]) for p in ids]
-        for job in jobs:
-            engine._scheduler.submit(job)
-        hold.set()
-        done = [job.future.result(timeout=60) for job in jobs]
-        assert engine.stats().batches == 2 and engine.stats().batched_requests == 3
-        alone = EmbeddedEngine(loaded_fp32, prefix_cache=False, max_batch_tokens=16)  # below any prompt
-        try:
-            one_by_one = [asyncio.run(alone.sample(p, [GREEDY])) for p in ids]
-        finally:
-            asyncio.run(alone.close())
-    finally:
-        asyncio.run(engine.close())
-    assert [d[0].token_ids for d in done] == [o[0].token_ids for o in one_by_one]
-
-
-def test_a_small_job_is_admitted_beside_big_ones_that_wait():
-    """Past the token budget a job waits, oldest first, and the next batch opens with it; a younger
-    job that fits goes ahead, so a small request does not queue behind every big prompt."""
-    admitted: list[list[int]] = []
-    scheduler = Scheduler(lambda jobs: admitted.append([j.tokens for j in jobs]) or [], lambda r: [], 64, 128, 0.0, 100)
-    try:
-        release = threading.Event()
-        scheduler.call(release.wait)
-        jobs = [SampleJob([1] * n, [GREEDY]) for n in (80, 90, 10, 300, 5)]
-        for job in jobs:
-            scheduler.submit(job)
-        release.set()
-        scheduler.call(lambda: None).result(timeout=10)
-    finally:
-        scheduler.close()
-    assert admitted == [[80, 10, 5], [90], [300]]
 
 
 def test_the_kv_held_by_live_branches_is_reported_and_freed_with_them(loaded_fp32):
-    """egrm_engine_kv_bytes: a fork's KV counts while any of its branches is held (the long path may
-    continue it), and not once the last one is dropped."""
-    import gc
-
+    """egrm_engine_kv_bytes: a branch's KV counts while it is held (the long path may continue it),
+    and not once the last handle is dropped."""
     engine = EmbeddedEngine(loaded_fp32, prefix_cache=False)
     try:
         assert engine.stats().kv_bytes == 0
+        assert engine.stats().kv_capacity_bytes >= 1024 * 2**20 - 2**20
         branches = asyncio.run(engine.sample(prompts(engine)[0], [GREEDY] * 3))
-        held = engine.stats().kv_bytes
-        assert held == branches[0].handle.fork.allocated_bytes > 0
+        assert engine.stats().kv_bytes > 0
         del branches
         gc.collect()
+        engine.run_on_model_thread(lambda: None)  # the release went through the inbox before this
         assert engine.stats().kv_bytes == 0
     finally:
         asyncio.run(engine.close())

@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from app.engines.embedded.attention import DenseRow, PaddedRows, StepInputs
+from app.engines.embedded.kv_cache import KVPool
 from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import load_model
 from app.engines.embedded.prepacked import Linear, prepack_supported
@@ -29,31 +31,42 @@ def test_prepacked_linear_equals_f_linear(dtype, rows):
 
 
 @pytest.mark.parametrize("rows, queries", [(5, 1), (1, 5), (2, 7)])
-def test_decode_attention_equals_sdpa_with_the_same_mask(rows, queries):
+def test_padded_attention_equals_sdpa_row_by_row(rows, queries):
     gen = torch.Generator().manual_seed(queries)
     heads, kv_heads, slots, hd = 9, 3, 40, 64
-    q = torch.randn(rows, heads, queries, hd, generator=gen)
-    # Slices of a larger cache, as the forward passes them (not contiguous).
-    keys = torch.randn(rows, kv_heads, slots + 8, hd, generator=gen)[:, :, :slots]
-    values = torch.randn(rows, kv_heads, slots + 8, hd, generator=gen)[:, :, :slots]
-    mask = torch.rand(rows, 1, queries, slots, generator=gen) < 0.6
+    keys = torch.randn(kv_heads, 4 * slots, hd, generator=gen)  # a pool; each row reads some slots
+    values = torch.randn(kv_heads, 4 * slots, hd, generator=gen)
+    q = torch.randn(rows * queries, heads, hd, generator=gen)  # flat, row after row
+    row_slots = torch.stack([torch.randperm(4 * slots, generator=gen)[:slots] for _ in range(rows)])  # (S, U)
+    mask = torch.rand(rows, queries, slots, generator=gen) < 0.6
     mask[..., 0] = True  # every query sees at least one slot, as in the engine
-    expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-    bias = LeanLlama.decode_bias(mask, kv_heads, heads // kv_heads)
-    assert bias is not None  # the matmul path, not SDPA itself
-    torch.testing.assert_close(LeanLlama._attend(q, keys, values, mask, bias), expected, rtol=1e-5, atol=1e-5)
+    padded = PaddedRows.build(
+        torch.arange(rows * queries),
+        row_slots.flatten(),
+        mask,
+        torch.arange(rows * queries),
+        kv_heads,
+        heads // kv_heads,
+    )
+    for s in range(rows):
+        dense = DenseRow(s * queries, (s + 1) * queries, row_slots[s], mask[s][None, None])
+        expected = dense.attend(q, keys, values)
+        got = padded.attend(q, keys, values)[s * queries : (s + 1) * queries]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
 def test_prepacked_forward_gives_the_same_logits(model_path):
     loaded = load_model(model_path, dtype="bfloat16")
     fast, plain = LeanLlama(loaded.model), LeanLlama(loaded.model, prepack=False)
-    ids = torch.tensor([loaded.tokenizer.encode("The judge reads the answer and")])
-    n = ids.shape[1]
+    ids = torch.tensor(loaded.tokenizer.encode("The judge reads the answer and"))
+    n = ids.shape[0]
     outs = []
     for lean in (fast, plain):
-        cache = lean.new_cache(1, n + 1)
-        mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        args = (torch.arange(n)[None], torch.arange(n)[None], mask, cache, torch.tensor([n - 1]))
-        outs.append(lean.forward(ids, *args))
+        pool = KVPool(len(lean.layers), lean.kv_heads, lean.head_dim, 1, 16, lean.dtype, lean.device)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+        attention = [DenseRow(0, n, torch.arange(n), causal)]
+        outs.append(
+            lean.forward(StepInputs(ids, torch.arange(n), torch.arange(n), attention, torch.tensor([n - 1])), pool)
+        )
     assert torch.equal(outs[0], outs[1])

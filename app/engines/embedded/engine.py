@@ -1,33 +1,65 @@
 """The embedded engine: an in-process torch model behind the async Engine contract.
 
-All model work runs on the scheduler's one thread, so the event loop never blocks; requests
-await futures. Concurrent requests are batched: their prefixes are prefilled in one forward and
-their branches decode in the same steps (llama-family models, on the lean forward). Other
-architectures run on the generic transformers forward, one request at a time.
+One model thread runs `while there is work: step()`, and a step reads top-down: schedule (what
+each sequence computes now) -> one forward for all of it -> one vectorised sample -> settle what
+finished. Requests only put jobs in the inbox and await futures, so the event loop never blocks.
+
+Why one thread for ALL torch work, loading included: torch's CPU kernels use OpenMP (libgomp),
+and every OS thread that runs a parallel region gets its own team of worker threads. Once more
+OpenMP threads exist than cores, libgomp stops spin-waiting between regions, and on two cores
+the many small regions of a decode step then ran 1.6x slower (measured: 0.51 s vs 0.81 s for one
+16-token sample). So the model is loaded, run and benchmarked on this thread.
+
+Where things live: a branch in sequence.py, KV in kv_cache.py, the step's plan in scheduler.py,
+the forward in model_runner.py (lean_llama.py, attention.py), sampling in decoder.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
-from app.engines.base import Branch, BranchParams, ContextLengthError, EngineStats, appended_ids
+import torch
+
+from app.engines.base import (
+    Branch,
+    BranchParams,
+    ContextLengthError,
+    EngineBusyError,
+    EngineStats,
+    RequestTooLargeError,
+    appended_ids,
+    client_request,
+)
 from app.engines.chat import chat_ids
 from app.engines.embedded import lean_llama
-from app.engines.embedded.decoder import Feed, RowRun, decode_steps
-from app.engines.embedded.fork import BranchRef, ForkState
+from app.engines.embedded.constraint import build_trie
+from app.engines.embedded.decoder import advance, draw
+from app.engines.embedded.kv_cache import BLOCK_SIZE, BlockManager, KVPool
 from app.engines.embedded.lean_llama import LeanLlama
 from app.engines.embedded.loader import LoadedModel, load_model
-from app.engines.embedded.packed import Layout, PackedFork
-from app.engines.embedded.prefix_cache import PrefixCache
-from app.engines.embedded.rounds import Fork, Round, Steps, abandoned_rows, on_fork, split_runs
-from app.engines.embedded.scheduler import ContinueJob, ModelJob, SampleJob, Scheduler
+from app.engines.embedded.model_runner import GenericRunner, Layout, LeanRunner
+from app.engines.embedded.scheduler import Chunk, Scheduler
+from app.engines.embedded.sequence import Handle, Job
+from app.engines.embedded.sequence import Sequence as Seq
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Call:
+    """Other work for the model thread (loading, benchmarks' reference runs)."""
+
+    fn: Callable[[], Any]
+    future: Future = field(default_factory=Future)
 
 
 class EmbeddedEngine:
@@ -40,43 +72,79 @@ class EmbeddedEngine:
         max_batch_branches: int = 128,
         prefix_cache: bool = True,
         batch_window_ms: float = 5.0,
-        max_batch_tokens: int = 2048,
+        max_batch_tokens: int = 512,
+        kv_cache_mb: float = 1024,
     ):
-        """model: a loaded model, or a loader to call on the model thread (see scheduler.py).
+        """model: a loaded model, or a loader to call on the model thread.
 
         lean: None = the lean forward where the architecture allows it; False = always generic.
-        prefix_cache: keep the KV of prompt heads that requests share (lean forward only).
+        prefix_cache: reuse the KV of prompt heads that requests share (lean forward only).
+        max_batch_branches: most sequences running at once; max_batch_tokens: most tokens one step
+        computes; kv_cache_mb: the KV pool, preallocated.
         """
-        self.layout = Layout(layout)
+        self._layout = Layout(layout)
         self._stats = EngineStats()
-        # Forks live as long as someone holds one of their branches (the long path continues them):
-        # weakly referenced here, so /metrics can say how much KV is held, never keeping one alive.
-        self._forks: weakref.WeakSet[Fork] = weakref.WeakSet()
-        self._forks_lock = threading.Lock()  # the model thread adds, the event loop sums
-        self._scheduler = Scheduler(
-            self._start, self._advance, max_queue, max_batch_branches, batch_window_ms, max_batch_tokens
-        )
+        self._max_queue = max_queue
+        self._window_s = batch_window_ms / 1000
+        self._last_jobs = 1  # most jobs in flight at once during the last busy spell
+        # Jobs, calls, sequences whose handles are gone (their KV is freed), and None to close.
+        self._inbox: queue.Queue[Job | _Call | Seq | None] = queue.Queue()
+        self._scheduler: Scheduler | None = None
+        self._thread = threading.Thread(target=self._loop, name="egrm-engine", daemon=True)
+        self._thread.start()
         try:
-            self._scheduler.call(lambda: self._setup(model, lean, prefix_cache)).result()
+            self.run_on_model_thread(
+                lambda: self._setup(model, lean, prefix_cache, max_batch_branches, max_batch_tokens, kv_cache_mb)
+            )
         except BaseException:
-            self._scheduler.close()
+            self._close()
             raise
 
-    def _setup(self, model: LoadedModel | Callable[[], LoadedModel], lean: bool | None, prefix_cache: bool) -> None:
+    def _setup(
+        self,
+        model: LoadedModel | Callable[[], LoadedModel],
+        lean: bool | None,
+        prefix_cache: bool,
+        max_seqs: int,
+        max_tokens: int,
+        kv_cache_mb: float,
+    ) -> None:
         self._m = model if isinstance(model, LoadedModel) else model()
         if lean and not lean_llama.supports(self._m.model):
             raise ValueError(f"the lean forward supports llama-family models, not {self._m.model.config.model_type}")
         use_lean = lean if lean is not None else lean_llama.supports(self._m.model)
-        self._lean = LeanLlama(self._m.model) if use_lean else None
-        self.prefix_cache = PrefixCache() if self._lean is not None and prefix_cache else None
+        cfg, dtype, device = self._m.model.config, self._m.model.dtype, self._m.device
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_token = KVPool.bytes_per_token(cfg.num_hidden_layers, kv_heads, head_dim, dtype)
+        self._block_bytes = per_token * BLOCK_SIZE
+        blocks = BlockManager(int(kv_cache_mb * 2**20) // self._block_bytes, BLOCK_SIZE, prefix_cache and use_lean)
+        self._blocks = blocks
+        self._runner: LeanRunner | GenericRunner
+        if use_lean:
+            pool = KVPool(cfg.num_hidden_layers, kv_heads, head_dim, blocks.num_blocks, BLOCK_SIZE, dtype, device)
+            self._runner = LeanRunner(LeanLlama(self._m.model), pool, blocks, self._layout)
+        else:
+            self._runner = GenericRunner(self._m.model)
+        self._scheduler = Scheduler(blocks, max_seqs, max_tokens)
 
     @classmethod
-    def load(cls, path: str, dtype: str = "auto", threads: int = 0, **kwargs: Any) -> EmbeddedEngine:
-        return cls(lambda: load_model(path, dtype=dtype, threads=threads), **kwargs)
+    def load(
+        cls, path: str, dtype: str = "auto", threads: int = 0, device: str = "cpu", **kwargs: Any
+    ) -> EmbeddedEngine:
+        return cls(lambda: load_model(path, dtype=dtype, threads=threads, device=device), **kwargs)
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn on the model thread, between steps; its result (or exception) comes in the future."""
+        call = _Call(fn)
+        self._inbox.put(call)
+        return call.future
 
     def run_on_model_thread(self, fn: Callable[[], Any]) -> Any:
         """Run fn where the model runs, and wait (blocking): for benchmarks and tools, not requests."""
-        return self._scheduler.call(fn).result()
+        return self.call(fn).result()
+
+    # --- what it is ------------------------------------------------------------------------
 
     @property
     def model_name(self) -> str:
@@ -88,8 +156,23 @@ class EmbeddedEngine:
         return str(self._m.model.dtype).removeprefix("torch.")
 
     @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    @layout.setter
+    def layout(self, layout: Layout) -> None:
+        """Switch layouts between calls (benchmarks compare them on one loaded model)."""
+        self._layout = Layout(layout)
+        if isinstance(self._runner, LeanRunner):
+            self._runner.layout = self._layout
+
+    @property
     def forward_kind(self) -> str:
-        return f"lean/{self.layout.value}" if self._lean else "generic/batch"
+        return f"lean/{self._layout.value}" if isinstance(self._runner, LeanRunner) else "generic/batch"
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._blocks.num_blocks * BLOCK_SIZE
 
     def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
         return chat_ids(self._m.tokenizer, messages, after)
@@ -100,13 +183,7 @@ class EmbeddedEngine:
     def count_tokens(self, text: str) -> int:
         return len(self.encode(text))
 
-    async def _submit(self, job: SampleJob | ContinueJob) -> list[Branch]:
-        future = self._scheduler.submit(job)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            job.abandoned.set()  # a queued job is skipped; a running one stops at its next step
-            raise
+    # --- the async API ---------------------------------------------------------------------
 
     async def sample(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[Branch]:
         if not branches:
@@ -114,8 +191,8 @@ class EmbeddedEngine:
         ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
         if not ids:
             raise ValueError("prefix must not be empty")
-        self._check_context(len(ids), branches)
-        return await self._submit(SampleJob(ids, list(branches)))
+        self._check_fits(len(ids), branches)
+        return await self._submit(Job.sample(ids, list(branches), client_request.get()))
 
     async def continue_branches(
         self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
@@ -123,178 +200,202 @@ class EmbeddedEngine:
         if len(handles) != len(branches):
             raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
         ids = appended_ids(self.encode, appended)
-        refs = [h for h in handles if isinstance(h, BranchRef)]
-        if len(refs) != len(handles):
+        if not all(isinstance(h, Handle) for h in handles):
             raise ValueError("handles must come from this engine's sample()")
-        # Branches of different forks continue fork by fork, each fork in one job.
-        by_fork: dict[int, list[int]] = {}
-        for i, ref in enumerate(refs):
-            by_fork.setdefault(id(ref.fork), []).append(i)
-        jobs = []
-        for idx in by_fork.values():
-            rows = [refs[i].row for i in idx]
-            if len(set(rows)) != len(rows):
-                raise ValueError("a branch may appear only once per continue_branches call")
-            jobs.append((idx, ContinueJob(refs[idx[0]].fork, rows, ids, [branches[i] for i in idx])))
-        done = await asyncio.gather(*(self._submit(job) for _, job in jobs))
-        results: dict[int, Branch] = {}
-        for (idx, _), branches_done in zip(jobs, done, strict=True):
-            results.update(zip(idx, branches_done, strict=True))
-        return [results[i] for i in range(len(refs))]
+        if len({id(h.sequence) for h in handles}) != len(handles):
+            raise ValueError("a branch may appear only once per continue_branches call")
+        for h, p in zip(handles, branches, strict=True):
+            self._check_fits(len(h.sequence.tokens) + len(ids), [p])
+        return await self._submit(Job.continuation(list(handles), ids, list(branches), client_request.get()))
 
-    def _check_context(self, used: int, branches: Sequence[BranchParams]) -> None:
+    def _check_fits(self, used: int, branches: Sequence[BranchParams]) -> None:
         need = used + max(b.max_new_tokens for b in branches)
         if need > self._m.context_length:
             raise ContextLengthError(
                 f"prompt of {used} tokens plus {need - used} new tokens exceeds the model's "
                 f"context of {self._m.context_length} tokens"
             )
-
-    # --- on the model thread -------------------------------------------------------------
-
-    def stats(self) -> EngineStats:
-        self._stats.queue_depth = self._scheduler.depth
-        with self._forks_lock:
-            self._stats.kv_bytes = sum(f.allocated_bytes for f in self._forks)
-        if self.prefix_cache is not None:
-            self._stats.prefix_cache_hit_tokens = self.prefix_cache.hit_tokens
-        return self._stats
-
-    def _start(self, jobs: Sequence[ModelJob]) -> list[Round]:
-        """Rounds that serve these jobs (all new requests in one, continuations fork by fork),
-        each run up to its first forward: for new requests, that includes their prefill."""
-        self._stats.batches += 1
-        self._stats.batched_requests += len(jobs)
-        self._stats.batched_branches += sum(j.branches for j in jobs)
-        rounds: list[Round] = []
-        samples = [j for j in jobs if isinstance(j, SampleJob)]
-        if samples:
-            rounds.append(Round(self._sample_round(samples), list(samples)))
-        merged: dict[int, list[ContinueJob]] = {}
-        for j in jobs:
-            if isinstance(j, ContinueJob):
-                merged.setdefault(id(j.fork), []).append(j)
-        rounds += [Round(self._continue_round(group), list(group)) for group in merged.values()]
-        return [r for r in rounds if r.resume(None)]
-
-    def _advance(self, rounds: list[Round]) -> list[Round]:
-        """One forward per fork for all the rounds waiting on it; returns the rounds still going."""
-        by_fork: dict[int, list[Round]] = {}
-        for r in rounds:
-            by_fork.setdefault(id(r.fork), []).append(r)
-        going = []
-        for group in by_fork.values():
-            fork = group[0].fork
-            feed: Feed = [[] for _ in range(fork.rows)]
-            for r in group:  # rounds on one fork own disjoint rows
-                for row, ids in enumerate(r.feed):
-                    if ids:
-                        feed[row] = ids
-            try:
-                logits = fork.extend(feed)
-            except Exception as exc:
-                log.exception("forward failed")
-                for r in group:
-                    r.fail(exc)
-                continue
-            self._stats.decode_steps += 1
-            going += [r for r in group if r.resume(logits)]
-        return going
-
-    def _new_forks(self, jobs: list[SampleJob]) -> list[tuple[Fork, list[SampleJob]]]:
-        forks: list[tuple[Fork, list[SampleJob]]]
-        if self._lean is None:
-            forks = [(ForkState(self._m.model, j.ids, j.branches, self._pad_id), [j]) for j in jobs]
-        else:
-            reserve = min(64, max(p.max_new_tokens for j in jobs for p in j.params))
-            groups = [(j.ids, j.branches) for j in jobs]
-            forks = [(PackedFork(self._lean, groups, self.layout, self._pad_id, reserve, self.prefix_cache), jobs)]
-        with self._forks_lock:
-            self._forks.update(fork for fork, _ in forks)
-        return forks
-
-    def _sample_round(self, jobs: list[SampleJob]) -> Steps:
-        for fork, group in self._new_forks(jobs):
-            params = [p for j in group for p in j.params]
-            runs = yield from on_fork(
-                fork,
-                decode_steps(
-                    fork,
-                    self._m.tokenizer,
-                    self._m.eos_ids,
-                    range(fork.rows),
-                    params,
-                    fork.last_logits,
-                    abandoned_rows(group),
-                ),
+        blocks = self._blocks.blocks_for(need) + len(branches) - 1  # the fork's spares
+        if blocks > self._blocks.num_blocks:
+            raise RequestTooLargeError(
+                f"{used} prompt tokens plus {need - used} new tokens for {len(branches)} branches need "
+                f"{blocks * BLOCK_SIZE} KV slots; the pool holds {self.kv_capacity_tokens} (EGRM_KV_CACHE_MB)"
             )
-            reused = fork.reused if isinstance(fork, PackedFork) else [0]
-            for g, (job, mine) in enumerate(zip(group, split_runs(runs, group), strict=True)):
-                # The prefix was computed once: the first branch paid for it (less any head served
-                # by the prefix cache), the others reused its KV.
-                p = len(job.ids)
-                job.future.set_result([self._branch(fork, r, p, p if i else reused[g]) for i, r in enumerate(mine)])
-
-    def _continue_round(self, jobs: list[ContinueJob]) -> Steps:
-        fork = jobs[0].fork
-        taken: set[int] = set()
-        now: list[ContinueJob] = []
-        later: list[ContinueJob] = []
-        for job in jobs:  # one continuation per branch at a time; a second one waits its turn
-            (later if taken & set(job.rows) else now).append(job)
-            taken |= set(job.rows)
-        feed: list[list[int]] = [[] for _ in range(fork.rows)]
-        cached: dict[int, int] = {}
-        ready = []
-        for job in now:
-            appended = job.ids
-            try:
-                self._check_context(
-                    max(fork.lengths[r] + len(fork.pending[r]) + len(appended) for r in job.rows), job.params
-                )
-            except ContextLengthError as exc:
-                job.future.set_exception(exc)
-                continue
-            for row in job.rows:
-                cached[row] = fork.lengths[row]
-                feed[row], fork.pending[row] = fork.pending[row] + appended, []
-            ready.append(job)
-        if ready:
-            logits = yield fork, feed
-            rows = [r for j in ready for r in j.rows]
-            params = [p for j in ready for p in j.params]
-            runs = yield from on_fork(
-                fork,
-                decode_steps(fork, self._m.tokenizer, self._m.eos_ids, rows, params, logits, abandoned_rows(ready)),
+        assert self._scheduler is not None
+        if len(branches) > self._scheduler.max_seqs:
+            raise RequestTooLargeError(
+                f"{len(branches)} branches, more than run at once (EGRM_MAX_BATCH_BRANCHES={self._scheduler.max_seqs})"
             )
-            for job, mine in zip(ready, split_runs(runs, ready), strict=True):
-                job.future.set_result(
-                    [self._branch(fork, r, cached[r.row] + len(feed[r.row]), cached[r.row]) for r in mine]
-                )
-        if later:
-            yield from self._continue_round(later)
+
+    async def _submit(self, job: Job) -> list[Branch]:
+        if self.queue_depth >= self._max_queue:
+            raise EngineBusyError(f"engine queue is full ({self._max_queue} jobs waiting)")
+        self._inbox.put(job)
+        try:
+            return await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.abandoned.set()  # its sequences stop at the next step, their blocks freed
+            raise
 
     @property
-    def _pad_id(self) -> int:
-        pad = self._m.tokenizer.pad_token_id
-        return pad if pad is not None else min(self._m.eos_ids)
+    def queue_depth(self) -> int:
+        waiting = self._scheduler.queued_jobs if self._scheduler is not None else 0
+        return self._inbox.qsize() + waiting
 
-    @staticmethod
-    def _branch(fork: Fork, run: RowRun, prompt: int, cached: int) -> Branch:
-        if run.finish is None or run.text is None:
-            raise RuntimeError("decode() returned an unfinished branch")
-        return Branch(
-            text=run.text,
-            token_ids=run.tokens,
-            finish_reason=run.finish,
-            prompt_tokens=prompt,
-            cached_prompt_tokens=cached,
-            logprobs=run.logprobs,
-            handle=BranchRef(fork, run.row),
-        )
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self.queue_depth
+        self._stats.kv_bytes = self._blocks.used * self._block_bytes
+        self._stats.kv_capacity_bytes = self._blocks.num_blocks * self._block_bytes
+        self._stats.prefix_cache_hit_tokens = self._blocks.hit_tokens
+        return self._stats
 
     async def ready(self) -> bool:
         return True
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._scheduler.close)
+        await asyncio.to_thread(self._close)
+
+    def _close(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=60)
+
+    # --- on the model thread ---------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One engine step: schedule -> one forward for every scheduled sequence of every request ->
+        one vectorised sample -> postprocess. False when there was nothing it could run."""
+        assert self._scheduler is not None
+        chunks = self._scheduler.schedule()
+        if not chunks:
+            return False
+        logits = self._runner.run(chunks)  # (chunks that complete their sequence, V)
+        self._postprocess(chunks, logits)
+        return True
+
+    def _postprocess(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
+        assert self._scheduler is not None
+        self._stats.batches += 1
+        self._stats.decode_steps += any(c.tokens == 1 == c.seq.uncomputed and c.seq.computed for c in chunks)
+        complete = [c for c in chunks if c.completes]
+        for c in chunks:
+            c.seq.computed += c.tokens
+            self._blocks.commit(c.seq)
+        sampling: list[Seq] = []
+        rows: list[int] = []
+        for row, c in enumerate(complete):
+            job = c.seq.job
+            assert job is not None
+            if not job.forked:  # the prompt is in: its branches start from the same logits
+                followers = job.sequences[1:]
+                self._runner.fork(c.seq, followers, self._scheduler.fork(job))
+                sampling += job.sequences
+                rows += [row] * len(job.sequences)
+            else:
+                sampling.append(c.seq)
+                rows.append(row)
+        if sampling:
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            tokens, logprobs = draw(picked, sampling, min(self._m.eos_ids))
+            for seq, token, logprob in zip(sampling, tokens, logprobs, strict=True):
+                advance(seq, token, logprob, self._m.tokenizer, self._m.eos_ids)
+                if seq.finish is not None:
+                    self._scheduler.finish(seq)
+        for job in {id(s.job): s.job for s in sampling if s.job is not None and s.job.done}.values():
+            self._settle(job)
+
+    def _settle(self, job: Job) -> None:
+        """All its branches finished: answer the caller, and keep their KV for as long as it holds them."""
+        assert self._scheduler is not None
+        self._scheduler.settle(job)
+        handles = job.handles or [self._handle(seq) for seq in job.sequences]
+        branches = [
+            Branch(
+                text=seq.text or "",
+                token_ids=seq.new_tokens,
+                finish_reason=seq.finish,
+                prompt_tokens=seq.prompt_tokens,
+                cached_prompt_tokens=seq.cached_tokens,
+                logprobs=seq.logprobs,
+                handle=handle,
+            )
+            for seq, handle in zip(job.sequences, handles, strict=True)
+            if seq.finish is not None
+        ]
+        for seq in job.sequences:
+            seq.job = None  # no cycle handle -> sequence -> job -> handle: a dropped handle frees at once
+        job.handles = []
+        if not job.future.done():
+            job.future.set_result(branches)
+
+    def _handle(self, seq: Seq) -> Handle:
+        handle = Handle(seq)
+        weakref.finalize(handle, self._inbox.put, seq)
+        return handle
+
+    def _loop(self) -> None:
+        closing = False
+        while True:
+            busy = self._scheduler is not None and self._scheduler.has_work
+            if closing and not busy:
+                return
+            closing |= self._collect(block=not busy and not closing)
+            if self._scheduler is None or not self._scheduler.has_work:
+                continue
+            self._last_jobs = max(self._last_jobs if busy else 1, len(self._scheduler.jobs))
+            try:
+                if not self.step():
+                    time.sleep(0.005)  # everything waits for blocks held elsewhere: let the callers move
+            except BaseException as exc:  # never lose the thread: fail what was in flight
+                log.exception("engine step failed")
+                self._fail_all(exc)
+
+    def _collect(self, block: bool) -> bool:
+        """Take what the inbox holds (waiting for it when idle); True when asked to close."""
+        items: list[Job | _Call | Seq | None] = []
+        try:
+            items.append(self._inbox.get(block=block))
+        except queue.Empty:
+            pass
+        # Under concurrency, replies to the last batch come back as new requests a few ms apart:
+        # an idle engine that served several at once waits up to the window for as many again.
+        deadline = time.monotonic() + self._window_s if block and self._last_jobs > 1 else 0.0
+        while True:
+            wait = deadline - time.monotonic()
+            try:
+                more = wait > 0 and len(items) < self._last_jobs
+                items.append(self._inbox.get(timeout=wait) if more else self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        closing = False
+        for item in items:
+            if item is None:
+                closing = True
+            elif isinstance(item, _Call):
+                try:
+                    item.future.set_result(item.fn())
+                except BaseException as exc:
+                    item.future.set_exception(exc)
+            elif isinstance(item, Seq):
+                assert self._scheduler is not None
+                self._scheduler.release(item)
+            elif item.future.set_running_or_notify_cancel():
+                self.add(item)
+        return closing
+
+    def add(self, job: Job) -> None:
+        """Hand a job to the scheduler (on the model thread; tests call it, then step())."""
+        assert self._scheduler is not None
+        if not self._scheduler.add(job):
+            return
+        for seq, params in zip(job.sequences, job.params, strict=True):
+            seq.node = build_trie(self._m.tokenizer, params.allowed) if params.allowed is not None else None
+        self._stats.batched_requests += 1
+        self._stats.batched_branches += job.branches
+
+    def _fail_all(self, exc: BaseException) -> None:
+        assert self._scheduler is not None
+        for job in list(self._scheduler.jobs):
+            job.abandoned.set()
+            if not job.future.done():
+                job.future.set_exception(exc)
+        self._scheduler.drop_abandoned()  # all of them, freeing their blocks

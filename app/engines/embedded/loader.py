@@ -32,7 +32,7 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> froz
     return frozenset(ids)
 
 
-def resolve_dtype(dtype: str) -> str:
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     """Resolve "auto" to bfloat16 where the CPU computes it natively (AVX512-BF16, AMX), else float32.
 
     Without native support bf16 matmuls are emulated: on an AVX2-only EPYC (2 threads, M=5,
@@ -41,14 +41,19 @@ def resolve_dtype(dtype: str) -> str:
     """
     if dtype != "auto":
         return dtype
+    if device != "cpu":
+        return "bfloat16"  # every GPU torch supports computes it natively
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
-def load_model(path: str | Path, dtype: str = "auto", threads: int = 0) -> LoadedModel:
+def load_model(path: str | Path, dtype: str = "auto", threads: int = 0, device: str = "cpu") -> LoadedModel:
+    """device: "cpu", or "cuda" for the embedded engine on a GPU (when there is no SGLang)."""
     path = Path(path).expanduser()
     if threads > 0:
         torch.set_num_threads(threads)
-    torch_dtype = getattr(torch, resolve_dtype(dtype))
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"EGRM_DEVICE={device!r} but torch sees no CUDA device here")
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device))
     kwargs: dict = {"dtype": torch_dtype}
     folder = path
     if path.suffix == ".gguf":
@@ -62,6 +67,7 @@ def load_model(path: str | Path, dtype: str = "auto", threads: int = 0) -> Loade
     with torch.no_grad():
         for param in model.parameters():
             param.data = param.data.clone()
+    model.to(torch.device(device))
     model.eval()
     context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
     return LoadedModel(model, tokenizer, path.stem if path.suffix else path.name, _eos_ids(model, tokenizer), context)

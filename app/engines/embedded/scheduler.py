@@ -1,229 +1,248 @@
-"""One model thread, a bounded queue, and batching of whatever is waiting.
+"""What each engine step computes: decodes first, then prompt chunks shared among client requests,
+within a token budget and the KV pool's free blocks.
 
-Why one thread for ALL torch work, loading included: torch's CPU kernels use OpenMP (libgomp),
-and every OS thread that runs a parallel region gets its own team of worker threads. Once
-more OpenMP threads exist than cores, libgomp stops spin-waiting between regions, and on two
-cores the many small regions of a decode step then ran 1.6x slower (measured: 0.51 s vs
-0.81 s for one 16-token sample). So the model is loaded, run and benchmarked on this thread.
-
-Concurrent requests do not run one after another: when the model thread is free it takes every
-job that has queued up meanwhile (up to a branch budget), prefills all their prefixes in one
-forward and decodes all their branches in the same steps. Continuations of branches that live
-in the same fork are merged the same way. Jobs whose caller has gone away are skipped.
+- Decodes: every running sequence whose last sampled token is not computed yet gets one token.
+  When the pool has no block left, a finished branch that is only held (the long path might
+  continue it) loses its KV first (its tokens stay: continuing it recomputes them); then the
+  youngest running sequence is preempted (back to waiting, recomputed later), so the oldest finish.
+- Prompt chunks: new prompts, continuations and preempted branches. What the decodes leave of the
+  step's budget is shared round-robin among client requests (tags), so a one-item request is not
+  queued behind every item of a big one; a long prompt is computed in chunks over several steps,
+  so a step stays short (a deadline or a disconnect takes effect at the next one) and other
+  requests' decodes go on beside it.
+- Admission: a waiting sequence is admitted once blocks for all its uncomputed tokens are free
+  (plus, for a new prompt, one spare per other branch for the fork). An admitted prompt always
+  completes, and memory is bounded by the pool.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
 
-from app.engines.base import BranchParams, EngineBusyError
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, kw_only=True)
-class _ModelWork:
-    """What every model job carries besides its inputs."""
-
-    future: Future = field(default_factory=Future)
-    # Set when the caller stops waiting (client gone, deadline): the decode loop drops the
-    # job's branches at the next step instead of finishing them.
-    abandoned: threading.Event = field(default_factory=threading.Event)
+from app.engines.embedded.kv_cache import BlockManager
+from app.engines.embedded.sequence import Job, Sequence, Status
 
 
 @dataclass(slots=True)
-class SampleJob(_ModelWork):
-    ids: list[int]
-    params: list[BranchParams]
+class Chunk:
+    """Part of a step: the next `tokens` uncomputed tokens of a sequence."""
+
+    seq: Sequence
+    tokens: int
 
     @property
-    def branches(self) -> int:
-        return len(self.params)
+    def completes(self) -> bool:
+        """Whether this computes the sequence's last token (then it samples the next one)."""
+        return self.seq.computed + self.tokens == len(self.seq.tokens)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_seqs: int, max_tokens: int):
+        self.blocks = blocks
+        self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self.jobs: list[Job] = []  # in flight, oldest first
+        self.waiting: OrderedDict[Any, deque[Sequence]] = OrderedDict()  # per tag, first come first served
+        self.running: list[Sequence] = []  # holding blocks, oldest admission first
+        self.held: OrderedDict[int, Sequence] = OrderedDict()  # finished, KV kept for their handles; LRU first
+        self._turn = 0  # which tag's prefill goes first this step (rotates)
+        self.preempted = 0  # sequences sent back to waiting for want of blocks
 
     @property
-    def tokens(self) -> int:
-        """Tokens its admission prefills (the prefix, once for all its branches)."""
-        return len(self.ids)
-
-
-@dataclass(slots=True)
-class ContinueJob(_ModelWork):
-    fork: Any
-    rows: list[int]
-    ids: list[int]  # what to append to each row before decoding
-    params: list[BranchParams]
+    def has_work(self) -> bool:
+        return bool(self.jobs)
 
     @property
-    def branches(self) -> int:
-        return len(self.params)
+    def queued_jobs(self) -> int:
+        """Jobs not admitted yet (read from other threads: a reading, not exact)."""
+        return sum(1 for job in list(self.jobs) if not job.admitted)
 
-    @property
-    def tokens(self) -> int:
-        return len(self.ids) * len(self.rows)
+    def add(self, job: Job) -> bool:
+        """Queue a job: a new prompt (its leader; the other branches wait for the fork) or the
+        branches a continuation extends (no longer only held: the tokens are appended here, on the
+        model thread, which owns every sequence)."""
+        if job.forked and any(s.status is not Status.FINISHED for s in job.sequences):
+            job.future.set_exception(ValueError("a branch is being continued by another call; wait for it"))
+            return False
+        self.jobs.append(job)
+        queued = job.sequences if job.forked else job.sequences[:1]
+        for seq, params in zip(queued, job.params, strict=False):
+            if job.forked:
+                self.held.pop(seq.id, None)
+                seq.tokens += job.appended
+                seq.begin(params, job)
+        self.waiting.setdefault(job.tag, deque()).extend(queued)
+        return True
 
+    # --- one step -------------------------------------------------------------------------
 
-@dataclass(slots=True)
-class CallJob:
-    """Any other work that must run on the model thread (loading, benchmarks' reference runs)."""
-
-    fn: Callable[[], Any]
-    future: Future = field(default_factory=Future)
-    branches: int = 0
-    tokens: int = 0
-
-
-Job = SampleJob | ContinueJob | CallJob
-ModelJob = SampleJob | ContinueJob
-R = TypeVar("R")  # the engine's round: jobs admitted together, in progress
-
-
-class Scheduler(Generic[R]):
-    """start(jobs) opens rounds for admitted jobs; advance(rounds) runs one step of each and
-    returns those still going. Both run on this scheduler's thread only."""
-
-    def __init__(
-        self,
-        start: Callable[[Sequence[ModelJob]], list[R]],
-        advance: Callable[[list[R]], list[R]],
-        max_queue: int,
-        max_batch_branches: int,
-        window_ms: float = 5.0,
-        max_batch_tokens: int = 2048,
-    ):
-        self._start, self._advance = start, advance
-        self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._max_queue = max_queue
-        self._max_branches = max_batch_branches
-        # The prompt tokens one admission may prefill: its forward cannot be interrupted, so this
-        # bounds how long a deadline, a disconnect or a small request waits behind big prompts,
-        # and the activations of that forward (a lone bigger prompt is still admitted, alone).
-        self._max_tokens = max_batch_tokens
-        self._window_s = window_ms / 1000
-        self._last_size = 1  # jobs in the last batch
-        self._carry: list[Job] = []  # jobs that did not fit the last batch, oldest first
-        self._thread = threading.Thread(target=self._loop, name="egrm-engine", daemon=True)
-        self._thread.start()
-
-    @property
-    def depth(self) -> int:
-        return self._queue.qsize() + len(self._carry)
-
-    def submit(self, job: Job) -> Future:
-        if self.depth >= self._max_queue:
-            raise EngineBusyError(f"engine queue is full ({self._max_queue} jobs waiting)")
-        self._queue.put(job)
-        return job.future
-
-    def call(self, fn: Callable[[], Any]) -> Future:
-        """Run fn on the model thread; its result (or exception) arrives in the future."""
-        return self.submit(CallJob(fn))
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=60)
-
-    def _next_batch(self, block: bool) -> list[Job] | None:
-        """The jobs to admit now: [] when none wait (and not blocking), None when closing.
-
-        Jobs that do not fit the budgets wait in `_carry`, in order, and the oldest of them opens
-        the next batch (so a big job is never starved); younger jobs that do fit go ahead of them,
-        so a small request is not queued behind every big prompt admitted before it.
-        """
-        waiting, self._carry = self._carry, []
-        if waiting:
-            first: Job | None = waiting.pop(0)
-        elif block:
-            first = self._queue.get()
-        else:
-            try:
-                first = self._queue.get_nowait()
-            except queue.Empty:
-                return []
-        if first is None:
-            return None
-        batch, branches, tokens = [first], first.branches, first.tokens
-        # Under concurrency, replies to the last batch come back as new requests a few ms apart;
-        # starting on the first one alone would split the load into one small and one large batch.
-        # So while the last batch was shared, an idle engine waits up to the window for one more
-        # job than it had. A lone client (last batch of one) never waits; a busy engine neither.
-        deadline = time.monotonic() + self._window_s if block and self._last_size > 1 else 0.0
-        while True:
-            if waiting:
-                job: Job | None = waiting.pop(0)
-            else:
-                try:
-                    wait = deadline - time.monotonic()
-                    job = (
-                        self._queue.get(timeout=wait)
-                        if wait > 0 and len(batch) <= self._last_size
-                        else self._queue.get_nowait()
-                    )
-                except queue.Empty:
+    def schedule(self) -> list[Chunk]:
+        self.drop_abandoned()
+        plan: dict[int, Chunk] = {}
+        for seq in list(self.running):  # decodes, oldest first
+            if seq.status is Status.RUNNING and seq.uncomputed == 1 and self._room_for(seq, seq.computed + 1):
+                plan[seq.id] = Chunk(seq, 1)
+        budget, progress = self.max_tokens - len(plan), True
+        while budget > 0 and progress:
+            tags = self._tags_with_prefill(plan)
+            share, progress = max(1, budget // max(1, len(tags))), False
+            for tag in tags:
+                nxt = self._next_prefill(tag, plan)
+                if nxt is None:
+                    continue
+                chunk = plan.setdefault(nxt.id, Chunk(nxt, 0))
+                n = min(share, budget, nxt.uncomputed - chunk.tokens)
+                chunk.tokens += n
+                budget -= n
+                progress = True
+                if budget == 0:
                     break
-            if job is None:  # closing: admit this batch, then stop
-                self._queue.put(None)
-                break
-            if branches + job.branches > self._max_branches or tokens + job.tokens > self._max_tokens:
-                self._carry.append(job)
-                continue
-            batch.append(job)
-            branches += job.branches
-            tokens += job.tokens
-        self._carry += waiting
-        self._last_size = len(batch)
-        return batch
+        self._turn += 1
+        return [c for c in plan.values() if c.tokens]
 
-    def _loop(self) -> None:
-        """Admit waiting jobs, then advance every running round by one forward; repeat.
+    def _tags_with_prefill(self, plan: dict[int, Chunk]) -> list[Any]:
+        tags = list(
+            dict.fromkeys(
+                [s.job.tag for s in self.running if s.uncomputed > 1 and self._left(s, plan) and s.job]
+                + [tag for tag, queue in self.waiting.items() if queue]
+            )
+        )
+        if not tags:
+            return []
+        start = self._turn % len(tags)
+        return tags[start:] + tags[:start]
 
-        A round holds the jobs admitted together (one fork): continuous batching at the
-        granularity of rounds, so a short request never waits for a long one to finish.
-        """
-        rounds: list[R] = []
-        closing = False
-        while True:
-            if not closing:
-                batch = self._next_batch(block=not rounds)
-                if batch is None:
-                    closing = True
+    @staticmethod
+    def _left(seq: Sequence, plan: dict[int, Chunk]) -> int:
+        chunk = plan.get(seq.id)
+        return seq.uncomputed - (chunk.tokens if chunk else 0)
+
+    def _next_prefill(self, tag: Any, plan: dict[int, Chunk]) -> Sequence | None:
+        """The tag's oldest admitted prompt with tokens left this step, else its next waiting one."""
+        for seq in self.running:
+            if seq.job is not None and seq.job.tag == tag and seq.uncomputed > 1 and self._left(seq, plan):
+                return seq
+        queue = self.waiting.get(tag)
+        if not queue or not self._admit(queue[0]):
+            return None
+        return queue.popleft()
+
+    # --- blocks ---------------------------------------------------------------------------
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Give a waiting sequence blocks for all its tokens (and its job's fork spares), if free."""
+        job = seq.job
+        assert job is not None
+        followers = job.sequences[1:] if not job.forked else []
+        if len(self.running) + 1 + len(followers) > self.max_seqs:
+            return False
+        reused = not seq.blocks
+        self.blocks.reuse_prefix(seq)
+        need = self.blocks.needed(seq, len(seq.tokens)) + sum(1 for f in followers if not f.blocks)
+        if not self._free_up(need):
+            if reused:
+                self.blocks.release(seq)  # the prefix it took goes back, still keyed
+            return False
+        if reused:
+            self.blocks.hit_tokens += seq.computed
+        if seq.start == len(seq.tokens):  # the job's first admission: what its prompt found cached
+            seq.cached_tokens = seq.computed
+        self.blocks.allocate(seq, len(seq.tokens))
+        for f in followers:
+            self.blocks.allocate(f, 1)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        job.admitted = True
+        return True
+
+    def _room_for(self, seq: Sequence, tokens: int) -> bool:
+        """Make sure seq can hold `tokens` tokens, preempting younger sequences if need be;
+        False when seq itself had to be preempted."""
+        need = self.blocks.needed(seq, tokens)
+        while not self._free_up(need):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.allocate(seq, tokens)
+        return True
+
+    def _free_up(self, blocks: int) -> bool:
+        """Drop held branches' KV, least recently finished first, until `blocks` are free."""
+        while self.blocks.free < blocks and self.held:
+            _, seq = self.held.popitem(last=False)
+            self.blocks.release(seq)
+        return self.blocks.free >= blocks
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.preempted += 1
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        job = seq.job
+        assert job is not None
+        if not job.forked:
+            for follower in job.sequences[1:]:
+                self.blocks.release(follower)
+        seq.status = Status.WAITING
+        self.waiting.setdefault(job.tag, deque()).appendleft(seq)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def fork(self, job: Job) -> list[tuple[int, int]]:
+        """The prompt is computed: its followers share its blocks and run. Returns blocks to copy."""
+        leader, followers = job.sequences[0], job.sequences[1:]
+        copies = self.blocks.fork(leader, followers)
+        at = self.running.index(leader) + 1
+        for seq in followers:
+            seq.status = Status.RUNNING
+            seq.cached_tokens = seq.prompt_tokens  # the leader computed the prompt; they reuse its KV
+        self.running[at:at] = followers
+        job.forked = True
+        return copies
+
+    def finish(self, seq: Sequence) -> None:
+        """seq is done for its job: keep its KV for the long path while its handle is held."""
+        seq.status = Status.FINISHED
+        self.running.remove(seq)
+        if seq.released:
+            self.blocks.release(seq)
+        else:
+            self.held[seq.id] = seq
+
+    def release(self, seq: Sequence) -> None:
+        """seq's handle is gone: nobody will continue it."""
+        seq.released = True
+        if seq.status is Status.FINISHED:
+            self.held.pop(seq.id, None)
+            self.blocks.release(seq)
+
+    def settle(self, job: Job) -> None:
+        self.jobs.remove(job)
+
+    def drop_abandoned(self) -> None:
+        """Callers gone: stop their sequences now. New branches are freed; continued ones keep
+        their KV (their handles may be held still)."""
+        for job in [j for j in self.jobs if j.abandoned.is_set()]:
+            self.jobs.remove(job)
+            for seq in job.sequences:
+                queue = self.waiting.get(job.tag)
+                if queue is not None and seq in queue:
+                    queue.remove(seq)
+                if seq in self.running:
+                    self.running.remove(seq)
+                seq.status = Status.FINISHED
+                if job.handles and not seq.released:
+                    self.held[seq.id] = seq
                 else:
-                    rounds += self._admit(batch)
-            if closing and not rounds:
-                return
-            if rounds:
-                try:
-                    rounds = self._advance(rounds)
-                except BaseException:  # the engine settles its rounds' jobs; never lose the thread
-                    log.exception("engine step failed")
-                    rounds = []
-
-    def _admit(self, batch: list[Job]) -> list[R]:
-        live = [j for j in batch if j.future.set_running_or_notify_cancel()]
-        for call in (j for j in live if isinstance(j, CallJob)):
-            try:
-                call.future.set_result(call.fn())
-            except BaseException as exc:
-                call.future.set_exception(exc)
-        model_jobs = [j for j in live if not isinstance(j, CallJob)]
-        if not model_jobs:
-            return []
-        try:
-            return self._start(model_jobs)
-        except BaseException as exc:
-            log.exception("engine batch failed to start")
-            fail_jobs(model_jobs, exc)
-            return []
+                    self.blocks.release(seq)
+            if not job.future.done() and not job.future.cancel():  # running: cancel() cannot
+                job.future.set_exception(_abandoned())
+        for tag in [t for t, q in self.waiting.items() if not q]:
+            del self.waiting[tag]
 
 
-def fail_jobs(jobs: Sequence[ModelJob], exc: BaseException) -> None:
-    """Tell every caller still waiting that its job failed."""
-    for job in jobs:
-        if not job.future.done():
-            job.future.set_exception(exc)
+def _abandoned() -> BaseException:
+    from concurrent.futures import CancelledError
+
+    return CancelledError("the caller stopped waiting")

@@ -1,0 +1,120 @@
+"""Where a branch lives: a sequence of tokens with its KV blocks and its status; a job owns M of them.
+
+A sample job starts as one sequence, the prompt. When the prompt's last token is computed the job
+forks: M sequences share the prompt's KV blocks (only a partly filled last block is copied) and
+each samples its first token from the same logits. From then on every branch is a sequence like
+any other: each step feeds it the tokens whose KV is not yet computed (a prompt chunk, or the
+token it sampled last) and samples the next one. The long path continues a branch by appending
+tokens to its sequence; its blocks were kept for as long as someone held the branch's handle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from app.engines.base import BranchParams, FinishReason
+from app.engines.embedded.constraint import TrieNode
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"  # needs KV blocks before it can run (new, continued, or preempted)
+    RUNNING = "running"  # holds its blocks; each step computes some of its tokens
+    FINISHED = "finished"  # done for its job; its blocks stay while its handle is held
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    tokens: list[int]  # everything it attends to: the prompt, then what it sampled and was appended
+    params: BranchParams
+    group: int  # the branches forked from one prompt share it (and a row of attention, packed)
+    id: int = field(default_factory=lambda: next(_ids))
+    status: Status = Status.WAITING
+    computed: int = 0  # leading tokens whose KV is in the blocks
+    blocks: list[int] = field(default_factory=list)  # tokens[i]'s KV is in blocks[i // block_size]
+    keys: list[int] = field(default_factory=list)  # content keys of its full blocks, chained (kv_cache)
+    job: Job | None = field(default=None, repr=False)  # the job decoding it now
+    # What the current job produced: tokens[start:], their log-probs, and why it stopped.
+    start: int = 0
+    logprobs: list[float] = field(default_factory=list)
+    text: str | None = None  # set at a stop string; decoded from the new tokens otherwise
+    finish: FinishReason | None = None
+    node: TrieNode | None = None  # position in the allowed-answer trie; None when unconstrained
+    rng: random.Random = field(default_factory=random.Random)
+    prompt_tokens: int = 0  # context at the job's start (what Branch reports)
+    cached_tokens: int = 0  # of which KV was already there (kept, or served from the prefix cache)
+    released: bool = False  # its handle is gone: free the blocks once the current job ends
+    kv: Any = None  # KV kept outside the pool: the generic forward's own cache (model_runner.py)
+
+    @property
+    def uncomputed(self) -> int:
+        return len(self.tokens) - self.computed
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.start :]
+
+    def begin(self, params: BranchParams, job: Job) -> None:
+        """Start a job on this sequence: what it samples from here on, and how."""
+        self.params, self.job, self.start = params, job, len(self.tokens)
+        self.logprobs, self.text, self.finish = [], None, None
+        self.rng = random.Random(params.seed) if params.seed is not None else random.Random()
+        self.prompt_tokens, self.cached_tokens = len(self.tokens), self.computed
+        self.status = Status.WAITING  # the scheduler admits it once blocks for its new tokens are free
+
+
+class Handle:
+    """What Branch.handle holds: the sequence to continue. When the last one is dropped, the
+    engine frees the sequence's KV (it watches the handle weakly, see engine.py)."""
+
+    __slots__ = ("sequence", "__weakref__")
+
+    def __init__(self, sequence: Sequence):
+        self.sequence = sequence
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One sample or continue call: its branch sequences and the future its caller awaits."""
+
+    sequences: list[Sequence] = field(repr=False)
+    params: list[BranchParams]
+    tag: Any = None  # the client request it serves: the scheduler shares prefill fairly among tags
+    forked: bool = True  # False for a sample job until its prompt is computed and split into M branches
+    handles: list[Handle] = field(default_factory=list)  # a continuation keeps its caller's handles alive
+    appended: list[int] = field(default_factory=list)  # what a continuation appends to each branch
+    future: Future = field(default_factory=Future)
+    # Set when the caller stops waiting (client gone, deadline): its sequences stop at the next step.
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    admitted: bool = False  # counted in the engine's batch statistics once
+
+    @classmethod
+    def sample(cls, prompt: list[int], params: list[BranchParams], tag: Any = None) -> Job:
+        """The prompt is computed once, by the first branch; the others join it at the fork."""
+        job = cls([], params, tag, forked=False)
+        group = next(_ids)
+        for p in params:
+            seq = Sequence(list(prompt), p, group)
+            seq.begin(p, job)
+            job.sequences.append(seq)
+        return job
+
+    @classmethod
+    def continuation(cls, handles: list[Handle], appended: list[int], params: list[BranchParams], tag: Any) -> Job:
+        """The scheduler appends the tokens when it takes the job (sequences change on the model thread only)."""
+        return cls([h.sequence for h in handles], params, tag, handles=list(handles), appended=list(appended))
+
+    @property
+    def branches(self) -> int:
+        return len(self.params)
+
+    @property
+    def done(self) -> bool:
+        return self.forked and all(s.status is Status.FINISHED for s in self.sequences)
