@@ -1,35 +1,32 @@
 #!/usr/bin/env bash
-# On a GPU machine with sglang installed: start an SGLang runtime on the model, wait for /health,
-# then run the SGLang backend's live tests (pytest -m sglang) against it. Exit status = the tests'.
-#
-#   EGRM_MODEL      local HF model folder to serve (default: the fetched SmolLM2-135M-Instruct)
-#   SGLANG_PYTHON   python that has sglang (default: python3); PYTHON: the project's (.venv/bin/python)
-#   SGLANG_PORT     runtime port (default 30000); SGLANG_ARGS: extra launch_server flags
-#   WAIT_S          how long to wait for the runtime to come up (default 900)
+# The embedded engine on a GPU (EGRM_DEVICE=cuda, no SGLang), checked in one short command:
+# the greedy-equality and engine-step tests on cuda, then the benchmarks, one JSON line each.
+#   bash deploy/gpu-check.sh            (after `make install model`; about 5 minutes on an H100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+export EGRM_DEVICE=cuda
+"$PY" - <<'PY'
+import asyncio, torch
+from app.config import Settings
+from app.engines.base import BranchParams
+from app.engines.embedded.engine import EmbeddedEngine
+from app.main import judge_model_path
 
-MODEL="${EGRM_MODEL:-${XDG_CACHE_HOME:-$HOME/.cache}/egrm/models/SmolLM2-135M-Instruct}"
-SGLANG_PYTHON="${SGLANG_PYTHON:-python3}"
-PYTHON="${PYTHON:-.venv/bin/python}"
-PORT="${SGLANG_PORT:-30000}"
-URL="http://127.0.0.1:${PORT}"
-LOG="$(mktemp -t egrm-sglang-XXXXXX.log)"
-
-"$SGLANG_PYTHON" -c "import sglang" 2>/dev/null || { echo "gpu-check: '$SGLANG_PYTHON' has no sglang (pip install sglang)" >&2; exit 2; }
-[ -d "$MODEL" ] || { echo "gpu-check: no model folder at $MODEL (run 'egrm fetch-model' or set EGRM_MODEL)" >&2; exit 2; }
-
-# shellcheck disable=SC2086  # SGLANG_ARGS is a list of flags
-"$SGLANG_PYTHON" -m sglang.launch_server --model-path "$MODEL" --host 127.0.0.1 --port "$PORT" ${SGLANG_ARGS:-} >"$LOG" 2>&1 &
-RUNTIME=$!
-trap 'kill "$RUNTIME" 2>/dev/null; wait "$RUNTIME" 2>/dev/null || true' EXIT
-
-echo "gpu-check: waiting for $URL/health (log: $LOG)"
-deadline=$(( $(date +%s) + ${WAIT_S:-900} ))
-until "$PYTHON" -c "import httpx, sys; sys.exit(httpx.get('$URL/health', timeout=30).status_code != 200)" 2>/dev/null; do
-    if ! kill -0 "$RUNTIME" 2>/dev/null; then echo "gpu-check: the runtime exited" >&2; tail -n 50 "$LOG" >&2; exit 1; fi
-    if [ "$(date +%s)" -gt "$deadline" ]; then echo "gpu-check: no /health after ${WAIT_S:-900}s" >&2; tail -n 50 "$LOG" >&2; exit 1; fi
-    sleep 2
-done
-
-EGRM_SGLANG_URL="$URL" EGRM_MODEL="$MODEL" "$PYTHON" -m pytest -m sglang -p no:cacheprovider -rA tests/engines/test_sglang_live.py
+# The same greedy tokens in both layouts and on the CPU (fp32 on both: bf16 rounds differently).
+path = str(judge_model_path(Settings()))
+prompt = [{"role": "user", "content": "Write a short story about a cat who learns to fly."}]
+greedy = [BranchParams(temperature=0, max_new_tokens=24)] * 5
+out = {}
+for device in ("cuda", "cpu"):
+    for layout in ("sequence", "batch"):
+        engine = EmbeddedEngine.load(path, dtype="float32", device=device, layout=layout)
+        ids = engine.encode_chat(prompt)
+        out[device, layout] = [b.token_ids for b in asyncio.run(engine.sample(ids, greedy))]
+        asyncio.run(engine.close())
+assert len({str(v) for v in out.values()}) == 1, out
+print({"gpu_greedy_equals_cpu": True, "device": torch.cuda.get_device_name()})
+PY
+"$PY" -m loadtest.bench_parallel --json --device cuda --dtype bfloat16 --long-rounds 3
+"$PY" -m loadtest.bench_mixed --json

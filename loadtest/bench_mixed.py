@@ -109,18 +109,23 @@ def model_shapes() -> tuple[list[tuple[int, int]], int, int]:
     return shapes, cfg.num_hidden_layers, cfg.vocab_size * d
 
 
-def peak_flops(shapes: list[tuple[int, int]], dtype: torch.dtype, rows: int = 256, repeats: int = 20) -> float:
+def peak_flops(
+    shapes: list[tuple[int, int]], dtype: torch.dtype, device: str = "cpu", rows: int = 256, repeats: int = 20
+) -> float:
     """FLOP/s of torch.mm over the projections' shapes at `rows` tokens (a prefill-sized batch)."""
-    weights = [torch.randn(i, o, dtype=dtype) for o, i in shapes]
-    inputs = [torch.randn(rows, i, dtype=dtype) for _, i in shapes]
+    weights = [torch.randn(i, o, dtype=dtype, device=device) for o, i in shapes]
+    inputs = [torch.randn(rows, i, dtype=dtype, device=device) for _, i in shapes]
+    sync = torch.cuda.synchronize if device != "cpu" else lambda: None
     flops = sum(2 * rows * o * i for o, i in shapes)
     for x, w in zip(inputs, weights, strict=True):  # warm-up
         torch.mm(x, w)
     best = float("inf")
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         for x, w in zip(inputs, weights, strict=True):
             torch.mm(x, w)
+        sync()
         best = min(best, time.perf_counter() - start)
     return flops / best
 
@@ -135,11 +140,11 @@ def main() -> None:
     settings = Settings()
     shapes, layers, head = model_shapes()
     flops_per_token = 2 * (layers * sum(o * i for o, i in shapes) + head)
-    dtype = getattr(torch, resolve_dtype(settings.dtype))
+    dtype = getattr(torch, resolve_dtype(settings.dtype, settings.device))
     if settings.threads:
         torch.set_num_threads(settings.threads)
     with running_server() as url:
-        peak = peak_flops(shapes, dtype)  # the server is idle now
+        peak = peak_flops(shapes, dtype, settings.device)  # the server is idle now
         alone = asyncio.run(unloaded(url, args.unloaded_rounds))
         c1 = asyncio.run(closed_loop(url, 1, args.requests))
         c16 = asyncio.run(closed_loop(url, 16, 3 * args.requests))

@@ -132,11 +132,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--long-rounds", type=int, default=1, help="rounds at 2,000 tokens (~75 s each on 2 cores)")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="as EGRM_DEVICE")
     args = parser.parse_args()
 
     # No prefix cache: every contender computes the same prompt from scratch (the fork is measured).
     path = str(args.model or fetch_model(Settings().cache_dir))
-    engine = EmbeddedEngine.load(path, dtype=args.dtype, prefix_cache=False)
+    engine = EmbeddedEngine.load(path, dtype=args.dtype, device=args.device, prefix_cache=False)
     threads = engine.run_on_model_thread(torch.get_num_threads)
     result: dict[str, Any] = {"m": M, "dtype": engine.dtype, "threads": threads, "forward": engine.forward_kind}
     result["short"] = run_suite(engine, make_prompt(engine, 210), args.new_tokens, args.rounds, warm_all=True)

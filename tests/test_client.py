@@ -81,7 +81,7 @@ def test_a_real_429_from_a_full_engine_queue_is_retried(loaded_fp32, caplog):
     try:
         with serve(create_app(Settings(), engine=engine)) as base:
             release = hold_model_thread(engine)
-            queued = engine._scheduler.call(lambda: None)  # the one queue slot is taken: the next job gets 429
+            queued = engine.call(lambda: None)  # the one queue slot is taken: the next job gets 429
             outcome: dict[str, object] = {}
 
             def call() -> None:

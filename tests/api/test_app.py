@@ -198,7 +198,7 @@ def test_a_full_engine_queue_gives_429_with_retry_after(loaded_fp32):
     try:
         with TestClient(create_app(Settings(), engine=engine)) as c:
             release = hold_model_thread(engine)
-            queued = engine._scheduler.call(lambda: None)  # the one queue slot is taken
+            queued = engine.call(lambda: None)  # the one queue slot is taken
             r = post(c, {"items": [ITEM]})
             release.set()
             queued.result(timeout=10)

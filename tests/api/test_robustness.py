@@ -131,16 +131,16 @@ def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatc
     from app.config import Settings
     from app.main import create_app
 
-    original = engine._new_forks
+    original = engine._runner.run
     calls = {"n": 0}
 
-    def fails_once(jobs):  # the first prefill fails, inside its round on the model thread
+    def fails_once(chunks):  # the first forward fails, inside a step on the model thread
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("simulated kernel failure")
-        return original(jobs)
+        return original(chunks)
 
-    monkeypatch.setattr(engine, "_new_forks", fails_once)
+    monkeypatch.setattr(engine._runner, "run", fails_once)
     with TestClient(create_app(Settings(), engine=engine), raise_server_exceptions=False) as c:
         r = c.post("/v1/rewards", json=SHORT)
         assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"

@@ -67,7 +67,8 @@ def load_model(path: str | Path, dtype: str = "auto", threads: int = 0, device: 
     with torch.no_grad():
         for param in model.parameters():
             param.data = param.data.clone()
-    model.to(torch.device(device))
+    if device != "cpu":
+        model.to(device)  # type: ignore[arg-type]  # transformers types .to() for dtypes only
     model.eval()
     context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
     return LoadedModel(model, tokenizer, path.stem if path.suffix else path.name, _eos_ids(model, tokenizer), context)

@@ -7,7 +7,8 @@ within a token budget and the KV pool's free blocks.
   youngest running sequence is preempted (back to waiting, recomputed later), so the oldest finish.
 - Prompt chunks: new prompts, continuations and preempted branches. What the decodes leave of the
   step's budget is shared round-robin among client requests (tags), so a one-item request is not
-  queued behind every item of a big one; a long prompt is computed in chunks over several steps,
+  queued behind every item of a big one (a share is at least MIN_CHUNK tokens: prompts already
+  started go first, then requests in order of arrival); a long prompt is computed in chunks over several steps,
   so a step stays short (a deadline or a disconnect takes effect at the next one) and other
   requests' decodes go on beside it.
 - Admission: a waiting sequence is admitted once blocks for all its uncomputed tokens are free
@@ -23,6 +24,10 @@ from typing import Any
 
 from app.engines.embedded.kv_cache import BlockManager
 from app.engines.embedded.sequence import Job, Sequence, Status
+
+# The smallest prompt chunk a request gets in a step while others wait: shared thinner, many
+# requests would each advance a few tokens a step and all finish late.
+MIN_CHUNK = 128
 
 
 @dataclass(slots=True)
@@ -46,7 +51,6 @@ class Scheduler:
         self.waiting: OrderedDict[Any, deque[Sequence]] = OrderedDict()  # per tag, first come first served
         self.running: list[Sequence] = []  # holding blocks, oldest admission first
         self.held: OrderedDict[int, Sequence] = OrderedDict()  # finished, KV kept for their handles; LRU first
-        self._turn = 0  # which tag's prefill goes first this step (rotates)
         self.preempted = 0  # sequences sent back to waiting for want of blocks
 
     @property
@@ -86,7 +90,7 @@ class Scheduler:
         budget, progress = self.max_tokens - len(plan), True
         while budget > 0 and progress:
             tags = self._tags_with_prefill(plan)
-            share, progress = max(1, budget // max(1, len(tags))), False
+            share, progress = max(MIN_CHUNK, budget // max(1, len(tags))), False
             for tag in tags:
                 nxt = self._next_prefill(tag, plan)
                 if nxt is None:
@@ -98,20 +102,13 @@ class Scheduler:
                 progress = True
                 if budget == 0:
                     break
-        self._turn += 1
         return [c for c in plan.values() if c.tokens]
 
     def _tags_with_prefill(self, plan: dict[int, Chunk]) -> list[Any]:
-        tags = list(
-            dict.fromkeys(
-                [s.job.tag for s in self.running if s.uncomputed > 1 and self._left(s, plan) and s.job]
-                + [tag for tag, queue in self.waiting.items() if queue]
-            )
-        )
-        if not tags:
-            return []
-        start = self._turn % len(tags)
-        return tags[start:] + tags[:start]
+        """Requests with prompt tokens to compute, in turn: those already computing a prompt, then
+        those waiting, in order of arrival."""
+        going = [s.job.tag for s in self.running if s.job and s.uncomputed > 1 and self._left(s, plan)]
+        return list(dict.fromkeys(going + [tag for tag, queue in self.waiting.items() if queue]))
 
     @staticmethod
     def _left(seq: Sequence, plan: dict[int, Chunk]) -> int:
@@ -126,7 +123,10 @@ class Scheduler:
         queue = self.waiting.get(tag)
         if not queue or not self._admit(queue[0]):
             return None
-        return queue.popleft()
+        seq = queue.popleft()
+        if not queue:
+            del self.waiting[tag]  # a tag is a client request: there are always new ones
+        return seq
 
     # --- blocks ---------------------------------------------------------------------------
 
