@@ -1,7 +1,9 @@
 """Steady load against a fresh server for a set time: RSS at start and end, errors, latency.
 
 Prints one JSON line. A closed loop of `--concurrency` clients, each sending one-item requests
-(auto routing) back to back; the server's RSS is read from /proc every 10 s.
+(auto routing) back to back; the server's RSS is read from /proc every 10 s. Before the load, the
+unloaded latency of a request forced to the long path is measured on the same server (median of
+three), and p90 under load is reported against it.
 """
 
 from __future__ import annotations
@@ -88,7 +90,19 @@ def main() -> None:
     args = parser.parse_args()
     with server_process() as (url, proc):
         httpx.post(f"{url}/v1/rewards", json={"items": [item(random.Random(0))]}, timeout=300)  # warm-up
-        print(json.dumps(asyncio.run(soak(url, proc.pid, args.duration, args.concurrency))))
+        long = []
+        for seed in range(3):
+            body = {"items": [item(random.Random(seed))], "options": {"path": "long", "seed": seed}}
+            start = time.perf_counter()
+            httpx.post(f"{url}/v1/rewards", json=body, timeout=300).raise_for_status()
+            long.append((time.perf_counter() - start) * 1000)
+        result = asyncio.run(soak(url, proc.pid, args.duration, args.concurrency))
+    unloaded = statistics.median(long)
+    result |= {
+        "unloaded_long_ms": round(unloaded, 1),
+        "ratio_p90_vs_unloaded_long": round(result["p90_ms"] / unloaded, 2),
+    }
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

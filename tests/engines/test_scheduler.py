@@ -25,7 +25,7 @@ def test_a_small_request_is_prefilled_beside_a_big_one_that_came_first():
     small = job(40, "small")
     scheduler.add(small)
     chunks = scheduler.schedule()
-    assert sum(c.tokens for c in chunks) == 256  # one step stays within its budget
+    assert 40 < sum(c.tokens for c in chunks) <= 256  # one step stays within its budget
     assert [c.tokens for c in chunks if c.seq is small.sequences[0]] == [40]  # all of it, at once
 
 
@@ -45,7 +45,8 @@ def test_a_long_prompt_is_computed_in_chunks_and_decodes_go_first():
         seen.append(sum(c.tokens for c in chunks if c.seq is long.sequences[0]))
         run(scheduler, chunks)
         decoding.sequences[0].tokens.append(5)
-    assert seen == [63, 63, 63, 11]
+    # In chunks over several steps; a token costs more the longer its context (its attention).
+    assert sum(seen) == 200 and len(seen) > 3 and seen[0] > seen[-2]
 
 
 def test_admission_waits_for_free_blocks_and_a_job_that_would_never_fit_is_not_admitted():
@@ -87,3 +88,22 @@ def test_when_blocks_run_out_the_youngest_sequence_is_preempted_and_held_branche
     assert not held.sequences[0].blocks  # the held branch lost its KV first (it keeps its tokens)
     assert [c.seq for c in chunks] == [old.sequences[0]]  # then the youngest was preempted
     assert young.sequences[0].status.value == "waiting" and scheduler.preempted == 1
+
+
+def test_a_request_with_nothing_running_may_preempt_a_big_one_that_holds_the_pool():
+    blocks = BlockManager(20, prefix_cache=False)
+    scheduler = Scheduler(blocks, max_seqs=128, max_tokens=4096)
+    big = [job(100, "big") for _ in range(5)]  # 7 blocks each: two fit (a request of five items)
+    for j in big:
+        scheduler.add(j)
+    run(scheduler, scheduler.schedule())
+    assert blocks.free == 6 and sum(j.admitted for j in big) == 2
+    small = job(120, "small")  # 8 blocks: only if the big one gives some back
+    scheduler.add(small)
+    chunks = scheduler.schedule()
+    assert [c.seq for c in chunks] == [small.sequences[0]]
+    assert big[1].sequences[0].status.value == "waiting" and scheduler.preempted == 1  # its youngest
+    run(scheduler, chunks)
+    more = job(120, "small")  # the same request again: it has something running, so it waits
+    scheduler.add(more)
+    assert scheduler.schedule() == [] and scheduler.preempted == 1

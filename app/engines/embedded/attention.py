@@ -24,10 +24,9 @@ FEW_QUERIES = 32
 
 @dataclass(slots=True)
 class PaddedRows:
-    """S rows of at most Q queries, padded. They come first in the flat order: their real tokens
-    are flat tokens [0, Tg)."""
+    """S rows of at most Q queries, padded; their real tokens are consecutive in the flat order."""
 
-    query_index: torch.Tensor  # (S*Q,) flat token of each padded query (padding: token 0)
+    query_index: torch.Tensor  # (S*Q,) flat token of each padded query (padding: any real one)
     key_slots: torch.Tensor  # (S*U,) pool slot of each padded key (padding: a written slot)
     bias: torch.Tensor  # (KVH*S, G*Q, U) float32: 0 where a query sees a key, -inf elsewhere
     out_index: torch.Tensor  # (Tg,) where each real query sits among the S*Q padded ones

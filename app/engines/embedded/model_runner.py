@@ -80,7 +80,13 @@ class LeanRunner:
 
     def inputs(self, chunks: Seq[Chunk]) -> StepInputs:
         rows = [_Row(group, self.blocks) for group in self._groups(chunks)]
-        few = [r for r in rows if r.queries <= FEW_QUERIES]
+        # Rows of few queries are batched by their count rounded up to a power of two: a decode
+        # row padded to a prompt tail's 20 queries would do 20 times its work (over every key).
+        buckets: dict[int, list[_Row]] = {}
+        for r in rows:
+            if r.queries <= FEW_QUERIES:
+                buckets.setdefault(1 << (r.queries - 1).bit_length(), []).append(r)
+        few = [r for width in sorted(buckets) for r in buckets[width]]
         many = [r for r in rows if r.queries > FEW_QUERIES]
         ids: list[int] = []
         positions: list[int] = []
@@ -94,8 +100,11 @@ class LeanRunner:
                 positions += range(a, a + c.tokens)
                 slots += (self.blocks.slot(seq, p) for p in range(a, a + c.tokens))
         device = self.lean.device
-        attention: list[PaddedRows | DenseRow] = [self._padded(few)] if few else []
-        at = sum(r.queries for r in few)
+        attention: list[PaddedRows | DenseRow] = []
+        at = 0
+        for width in sorted(buckets):
+            attention.append(self._padded(buckets[width], at))
+            at += sum(r.queries for r in buckets[width])
         for row in many:
             keys = torch.tensor(row.slots, device=device)
             attention.append(DenseRow(at, at + row.queries, keys, row.mask()[None, None].to(device)))
@@ -117,14 +126,14 @@ class LeanRunner:
             groups.setdefault(c.seq.group, []).append(c)
         return list(groups.values())
 
-    def _padded(self, rows: list[_Row]) -> PaddedRows:
+    def _padded(self, rows: list[_Row], flat: int) -> PaddedRows:
+        """rows whose queries are flat tokens [flat, ...), in order."""
         S, Q, U = len(rows), max(r.queries for r in rows), max(len(r.slots) for r in rows)
         mask = torch.zeros(S, Q, U, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries see one key, so no softmax is over nothing
-        query_index = torch.zeros(S, Q, dtype=torch.long)
+        query_index = torch.full((S, Q), flat, dtype=torch.long)
         key_slots = torch.empty(S, U, dtype=torch.long)
         out_index: list[int] = []
-        flat = 0
         for s, row in enumerate(rows):
             q, u = row.queries, len(row.slots)
             mask[s, :q, :u] = row.mask()

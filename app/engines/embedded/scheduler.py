@@ -13,21 +13,39 @@ within a token budget and the KV pool's free blocks.
   requests' decodes go on beside it.
 - Admission: a waiting sequence is admitted once blocks for all its uncomputed tokens are free
   (plus, for a new prompt, one spare per other branch for the fork). An admitted prompt always
-  completes, and memory is bounded by the pool.
+  completes, and memory is bounded by the pool. A request with nothing running may preempt the
+  youngest sequences of others to get in, so a big request cannot hold the pool against it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
+from app.engines.embedded.attention import FEW_QUERIES
 from app.engines.embedded.kv_cache import BlockManager
 from app.engines.embedded.sequence import Job, Sequence, Status
 
 # The smallest prompt chunk a request gets in a step while others wait: shared thinner, many
 # requests would each advance a few tokens a step and all finish late.
 MIN_CHUNK = 128
+# A step's budget counts what a token costs: its share of the weights, plus its attention over
+# the context. A query among few (a decode) attends by fp32 batched matmuls, and over this many
+# keys it costs as much again (measured here: 65 such tokens over 3,800 keys took 0.5 s, as long
+# as 1,000 prompt tokens over a short context); a prompt chunk goes to SDPA's flash kernel, eight
+# times cheaper per key.
+ATTENTION_KEYS = 256
+
+
+def _cost(seq: Sequence, tokens: int) -> float:
+    """Budget units per token for seq's next `tokens` tokens."""
+    keys = ATTENTION_KEYS if tokens <= FEW_QUERIES else 8 * ATTENTION_KEYS
+    return 1.0 + (seq.computed + tokens) / keys
+
+
+def _tag(seq: Sequence) -> Any:
+    return seq.job.tag if seq.job is not None else None
 
 
 @dataclass(slots=True)
@@ -84,23 +102,34 @@ class Scheduler:
     def schedule(self) -> list[Chunk]:
         self.drop_abandoned()
         plan: dict[int, Chunk] = {}
-        for seq in list(self.running):  # decodes, oldest first
-            if seq.status is Status.RUNNING and seq.uncomputed == 1 and self._room_for(seq, seq.computed + 1):
+        budget = float(self.max_tokens)
+        # Decodes, requests running fewer sequences first (a one-item request is not behind every
+        # branch of a big one), oldest first among equals.
+        load = Counter(_tag(s) for s in self.running)
+        decodes = [s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1]
+        for seq in sorted(decodes, key=lambda s: load[_tag(s)]):
+            cost = _cost(seq, 1)
+            if plan and cost > budget:
+                break
+            if seq.status is Status.RUNNING and self._room_for(seq, seq.computed + 1, plan):
                 plan[seq.id] = Chunk(seq, 1)
-        budget, progress = self.max_tokens - len(plan), True
-        while budget > 0 and progress:
+                budget -= cost
+        progress = True
+        while budget >= 1 and progress:
             tags = self._tags_with_prefill(plan)
-            share, progress = max(MIN_CHUNK, budget // max(1, len(tags))), False
+            share, progress = max(MIN_CHUNK, budget / max(1, len(tags))), False
             for tag in tags:
                 nxt = self._next_prefill(tag, plan)
                 if nxt is None:
                     continue
                 chunk = plan.setdefault(nxt.id, Chunk(nxt, 0))
-                n = min(share, budget, nxt.uncomputed - chunk.tokens)
+                left = nxt.uncomputed - chunk.tokens
+                per_token = _cost(nxt, chunk.tokens + min(left, int(share)))  # its context decides
+                n = max(1, min(left, int(min(share, budget) / per_token)))
                 chunk.tokens += n
-                budget -= n
+                budget -= n * per_token
                 progress = True
-                if budget == 0:
+                if budget < 1:
                     break
         return [c for c in plan.values() if c.tokens]
 
@@ -121,7 +150,9 @@ class Scheduler:
             if seq.job is not None and seq.job.tag == tag and seq.uncomputed > 1 and self._left(seq, plan):
                 return seq
         queue = self.waiting.get(tag)
-        if not queue or not self._admit(queue[0]):
+        if not queue:
+            return None
+        if not self._admit(queue[0]) and not self._admit_starved(queue[0], plan):
             return None
         seq = queue.popleft()
         if not queue:
@@ -156,12 +187,30 @@ class Scheduler:
         job.admitted = True
         return True
 
-    def _room_for(self, seq: Sequence, tokens: int) -> bool:
-        """Make sure seq can hold `tokens` tokens, preempting younger sequences if need be;
-        False when seq itself had to be preempted."""
+    def _admit_starved(self, seq: Sequence, plan: dict[int, Chunk]) -> bool:
+        """A request with nothing running may take blocks from the youngest sequences of requests
+        running several (they are recomputed later): one big request cannot hold the pool against it."""
+        tag = seq.job.tag if seq.job else None
+        running = Counter(_tag(s) for s in self.running)
+        if running[tag]:
+            return False
+        for victim in reversed(list(self.running)):
+            other = _tag(victim)
+            if running[other] < 2:  # a request keeps its last sequence: no two requests take turns
+                continue
+            running[other] -= 1
+            plan.pop(victim.id, None)
+            self._preempt(victim)
+            if self._admit(seq):
+                return True
+        return False
+
+    def _room_for(self, seq: Sequence, tokens: int, plan: dict[int, Chunk]) -> bool:
+        """Make sure seq can hold `tokens` tokens, preempting the youngest sequences not in this
+        step's plan if need be; False when seq itself had to be preempted."""
         need = self.blocks.needed(seq, tokens)
         while not self._free_up(need):
-            victim = self.running[-1]
+            victim = next(s for s in reversed(self.running) if s.id not in plan)
             self._preempt(victim)
             if victim is seq:
                 return False
