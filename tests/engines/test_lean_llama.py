@@ -34,8 +34,7 @@ def test_prepacked_linear_equals_f_linear(dtype, rows):
 def test_padded_attention_equals_sdpa_row_by_row(rows, queries):
     gen = torch.Generator().manual_seed(queries)
     heads, kv_heads, slots, hd = 9, 3, 40, 64
-    keys = torch.randn(kv_heads, 4 * slots, hd, generator=gen)  # a pool; each row reads some slots
-    values = torch.randn(kv_heads, 4 * slots, hd, generator=gen)
+    kv = torch.randn(2, kv_heads, 4 * slots, hd, generator=gen)  # a pool's K and V; each row reads some slots
     q = torch.randn(rows * queries, heads, hd, generator=gen)  # flat, row after row
     row_slots = torch.stack([torch.randperm(4 * slots, generator=gen)[:slots] for _ in range(rows)])  # (S, U)
     mask = torch.rand(rows, queries, slots, generator=gen) < 0.6
@@ -50,8 +49,8 @@ def test_padded_attention_equals_sdpa_row_by_row(rows, queries):
     )
     for s in range(rows):
         dense = DenseRow(s * queries, (s + 1) * queries, row_slots[s], mask[s][None, None])
-        expected = dense.attend(q, keys, values)
-        got = padded.attend(q, keys, values)[s * queries : (s + 1) * queries]
+        expected = dense.attend(q, kv)
+        got = padded.attend(q, kv)[s * queries : (s + 1) * queries]
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -41,22 +41,22 @@ class PaddedRows:
         bias = bias[None, :, None].expand(kv_heads, S, groups, Q, U).reshape(kv_heads * S, groups * Q, U)
         return cls(query_index, key_slots, bias, out_index, S, Q)
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """q (T, H, hd) flat; keys/values (KVH, slots, hd) the pool's. Returns (Tg, H, hd).
+    def attend(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """q (T, H, hd) flat; kv (2, KVH, slots, hd) the pool's keys and values. Returns (Tg, H, hd).
 
         The G query heads of a KV group fold into the query axis, so the keys are never repeated;
         scores in fp32 (on CPU a bf16 matmul against the transposed keys is also slower)."""
         S, Q = self.rows, self.queries
         _, H, hd = q.shape
-        KVH = keys.shape[0]
+        KVH = kv.shape[1]
         grouped = (
             q.index_select(0, self.query_index)
             .view(S, Q, KVH, H // KVH, hd)
             .permute(2, 0, 3, 1, 4)
             .reshape(KVH * S, (H // KVH) * Q, hd)
         )
-        k = keys.index_select(1, self.key_slots).view(KVH * S, -1, hd)  # (KVH*S, U, hd)
-        v = values.index_select(1, self.key_slots).view(KVH * S, -1, hd)
+        both = kv.index_select(2, self.key_slots)  # (2, KVH, S*U, hd)
+        k, v = both[0].view(KVH * S, -1, hd), both[1].view(KVH * S, -1, hd)  # (KVH*S, U, hd)
         scores = torch.baddbmm(self.bias, grouped.float(), k.float().transpose(1, 2), alpha=hd**-0.5)
         out = torch.bmm(scores.softmax(dim=-1).to(v.dtype), v)  # (KVH*S, G*Q, hd)
         out = out.view(KVH, S, H // KVH, Q, hd).permute(1, 3, 0, 2, 4).reshape(S * Q, H, hd)
@@ -72,10 +72,10 @@ class DenseRow:
     key_slots: torch.Tensor  # (U,)
     mask: torch.Tensor  # (1, 1, Q, U) bool
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         rq = q[self.start : self.stop].transpose(0, 1)[None]  # (1, H, Q, hd)
-        k = keys.index_select(1, self.key_slots)[None]  # (1, KVH, U, hd)
-        v = values.index_select(1, self.key_slots)[None]
+        both = kv.index_select(2, self.key_slots)  # (2, KVH, U, hd)
+        k, v = both[0][None], both[1][None]
         out = F.scaled_dot_product_attention(rq, k, v, attn_mask=self.mask, enable_gqa=True)
         return out[0].transpose(0, 1)  # (Q, H, hd)
 

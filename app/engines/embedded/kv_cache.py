@@ -131,13 +131,13 @@ class BlockManager:
 
 
 class KVPool:
-    """The K and V tensors of every block, per layer: (kv_heads, blocks * block_size, head_dim)."""
+    """The K and V of every block, per layer: one (2, kv_heads, blocks * block_size, head_dim)
+    tensor, K at [0] and V at [1], so a step writes and gathers both in one call per layer."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, blocks: int, block_size: int, dtype, device):
-        shape = (kv_heads, blocks * block_size, head_dim)
+        shape = (2, kv_heads, blocks * block_size, head_dim)
         # Not zeroed: a slot is read only after it is written (the forward gathers written slots only).
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.kv = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.block_size = block_size
 
     @staticmethod
@@ -146,15 +146,13 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: (T, kv_heads, head_dim) for the T slots given."""
-        self.keys[layer].index_copy_(1, slots, k.transpose(0, 1))
-        self.values[layer].index_copy_(1, slots, v.transpose(0, 1))
+        self.kv[layer].index_copy_(2, slots, torch.stack((k, v)).transpose(1, 2))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        size = self.block_size
-        src = torch.tensor([b * size + i for b, _ in pairs for i in range(size)], device=self.keys[0].device)
-        dst = torch.tensor([b * size + i for _, b in pairs for i in range(size)], device=self.keys[0].device)
-        for store in (self.keys, self.values):
-            for t in store:
-                t.index_copy_(1, dst, t.index_select(1, src))
+        size, device = self.block_size, self.kv[0].device
+        src = torch.tensor([b * size + i for b, _ in pairs for i in range(size)], device=device)
+        dst = torch.tensor([b * size + i for _, b in pairs for i in range(size)], device=device)
+        for t in self.kv:
+            t.index_copy_(2, dst, t.index_select(2, src))

@@ -118,7 +118,7 @@ class LeanLlama:
             qk = self._rotate(qkv[:, : H + KVH], cos, signed_sin)  # queries and keys in one pass
             q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KVH :]  # (T, H, hd), (T, KVH, hd) x2
             pool.write(i, step.slots, k, v)
-            attn = torch.cat([a.attend(q, pool.keys[i], pool.values[i]) for a in step.attention])  # (T, H, hd)
+            attn = torch.cat([a.attend(q, pool.kv[i]) for a in step.attention])  # (T, H, hd)
             h = h + w.o(attn.view(T, H * hd))
             gate, up = w.gate_up(self._norm(h, w.mlp_norm)).chunk(2, dim=-1)
             h = h + w.down(F.silu(gate) * up)

@@ -281,10 +281,12 @@ class Scheduler:
                 if seq in self.running:
                     self.running.remove(seq)
                 seq.status = Status.FINISHED
+                seq.job = None  # no cycle handle -> sequence -> job -> handle keeps the KV
                 if job.handles and not seq.released:
                     self.held[seq.id] = seq
                 else:
                     self.blocks.release(seq)
+            job.handles = []
             if not job.future.done() and not job.future.cancel():  # running: cancel() cannot
                 job.future.set_exception(_abandoned())
         for tag in [t for t, q in self.waiting.items() if not q]:
