@@ -87,9 +87,19 @@ def check_port(host: str, port: int, host_from: str = "--host", port_from: str =
 
 
 def check_model(settings: Settings) -> None:
-    """The default model must be fetched (EGRM_MODEL, when set, was checked by Settings)."""
+    """The default model must be fetched (EGRM_MODEL, when set, was checked by Settings), and a
+    GPU asked for must be there."""
     from app.engines.embedded.fetch import model_dir
 
+    if settings.engine == "embedded" and settings.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+            raise StartupError(
+                f"EGRM_DEVICE={settings.device} but torch sees no CUDA device (torch {torch.__version__}, "
+                f"{build}); unset it to run on the CPU"
+            )
     if settings.model:
         return
     folder = model_dir(settings.cache_dir)

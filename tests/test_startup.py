@@ -103,3 +103,10 @@ def test_a_default_model_not_fetched_says_how_to_fetch_it(tmp_path, command):
         f"egrm: the default model is not fetched (no {folder}); run: egrm fetch-model (or make model)"
     )
     assert "about 93 MB to download" in line
+
+
+def test_a_gpu_asked_for_where_there_is_none_is_one_line():
+    """No GPU visible (the GPU path itself is checked by deploy/gpu-check.sh on a machine with one)."""
+    env = {"EGRM_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}
+    (line,) = refused(egrm("serve", "--port", str(free_port()), env=env))
+    assert line.startswith("egrm: EGRM_DEVICE=cuda but torch sees no CUDA device") and "unset it" in line
