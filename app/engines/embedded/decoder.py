@@ -38,10 +38,8 @@ def _draw(
         # tokens (rows, K) instead of the whole vocabulary. Same draws: masked tokens have p = 0.
         columns = sorted({t for _, allowed in constrained for t in allowed})
         index = {t: i for i, t in enumerate(columns)}
-        # Rows not being decoded keep every column, so no row is all -inf (its draw is ignored).
-        keep = torch.ones(logits.shape[0], len(columns), dtype=torch.bool, device=logits.device)
+        keep = torch.zeros(logits.shape[0], len(columns), dtype=torch.bool, device=logits.device)
         for row, allowed in constrained:
-            keep[row] = False
             keep[row, [index[t] for t in allowed]] = True
         sub = logits[:, columns].masked_fill(~keep, float("-inf"))
         return torch.tensor(columns, device=logits.device)[sample(sub, temperatures, top_ps, uniforms)]

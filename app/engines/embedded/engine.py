@@ -321,9 +321,7 @@ class EmbeddedEngine:
             for seq, handle in zip(job.sequences, handles, strict=True)
             if seq.finish is not None
         ]
-        for seq in job.sequences:
-            seq.job = None  # no cycle handle -> sequence -> job -> handle: a dropped handle frees at once
-        job.handles = []
+        job.detach()
         if not job.future.done():
             job.future.set_result(branches)
 

@@ -1,4 +1,4 @@
-"""A lean forward for the llama family over a slot-addressed KV cache.
+"""A lean forward for the llama family over a slot-addressed KV pool.
 
 Why not the Hugging Face forward: on a CPU its per-step Python and dtype shuffling cost as much
 as the matmuls at batch 5, and its cache grows by concatenation. This forward loads the same
@@ -61,10 +61,6 @@ def _layer_weights(layer: Any, prepack: bool) -> LayerWeights:
     )
 
 
-# Up to this many queries per row, attention runs as plain matmuls (see LeanLlama._attend).
-_FLASH_MIN_QUERIES = 32
-
-
 class LeanLlama:
     def __init__(self, model: PreTrainedModel, prepack: bool = True):
         """prepack: lay the projection weights out once for oneDNN (CPU); see prepacked.py."""
@@ -83,7 +79,8 @@ class LeanLlama:
             self.layers = [_layer_weights(layer, prepack) for layer in inner.layers]
         rope = getattr(cfg, "rope_parameters", None) or {}
         base = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
-        self.inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float, device=self.device) / self.head_dim
+        self.inv_freq = 1.0 / (base**exponents)  # on the model's device: no copy per step
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # torch's fused kernel: equal to transformers' LlamaRMSNorm in fp32; in bf16 it rounds once
@@ -92,7 +89,7 @@ class LeanLlama:
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin tables (T, 1, hd): the sin of the first half negated, for _rotate."""
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (T, hd/2)
+        freqs = positions[..., None].float() * self.inv_freq  # (T, hd/2)
         sin = freqs.sin()
         cos = torch.cat((freqs, freqs), dim=-1).cos()
         signed_sin = torch.cat((-sin, sin), dim=-1)

@@ -20,6 +20,7 @@ within a token budget and the KV pool's free blocks.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +89,12 @@ class Scheduler:
             job.future.set_exception(ValueError("a branch is being continued by another call; wait for it"))
             return False
         self.jobs.append(job)
-        queued = job.sequences if job.forked else job.sequences[:1]
-        for seq, params in zip(queued, job.params, strict=False):
-            if job.forked:
+        if job.forked:
+            for seq, params in zip(job.sequences, job.params, strict=True):
                 self.held.pop(seq.id, None)
                 seq.tokens += job.appended
                 seq.begin(params, job)
+        queued = job.sequences if job.forked else job.sequences[:1]
         self.waiting.setdefault(job.tag, deque()).extend(queued)
         return True
 
@@ -136,7 +137,7 @@ class Scheduler:
     def _tags_with_prefill(self, plan: dict[int, Chunk]) -> list[Any]:
         """Requests with prompt tokens to compute, in turn: those already computing a prompt, then
         those waiting, in order of arrival."""
-        going = [s.job.tag for s in self.running if s.job and s.uncomputed > 1 and self._left(s, plan)]
+        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan)]
         return list(dict.fromkeys(going + [tag for tag, queue in self.waiting.items() if queue]))
 
     @staticmethod
@@ -147,7 +148,7 @@ class Scheduler:
     def _next_prefill(self, tag: Any, plan: dict[int, Chunk]) -> Sequence | None:
         """The tag's oldest admitted prompt with tokens left this step, else its next waiting one."""
         for seq in self.running:
-            if seq.job is not None and seq.job.tag == tag and seq.uncomputed > 1 and self._left(seq, plan):
+            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan):
                 return seq
         queue = self.waiting.get(tag)
         if not queue:
@@ -190,7 +191,7 @@ class Scheduler:
     def _admit_starved(self, seq: Sequence, plan: dict[int, Chunk]) -> bool:
         """A request with nothing running may take blocks from the youngest sequences of requests
         running several (they are recomputed later): one big request cannot hold the pool against it."""
-        tag = seq.job.tag if seq.job else None
+        tag = _tag(seq)
         running = Counter(_tag(s) for s in self.running)
         if running[tag]:
             return False
@@ -281,19 +282,12 @@ class Scheduler:
                 if seq in self.running:
                     self.running.remove(seq)
                 seq.status = Status.FINISHED
-                seq.job = None  # no cycle handle -> sequence -> job -> handle keeps the KV
                 if job.handles and not seq.released:
                     self.held[seq.id] = seq
                 else:
                     self.blocks.release(seq)
-            job.handles = []
+            job.detach()
             if not job.future.done() and not job.future.cancel():  # running: cancel() cannot
-                job.future.set_exception(_abandoned())
+                job.future.set_exception(CancelledError("the caller stopped waiting"))
         for tag in [t for t, q in self.waiting.items() if not q]:
             del self.waiting[tag]
-
-
-def _abandoned() -> BaseException:
-    from concurrent.futures import CancelledError
-
-    return CancelledError("the caller stopped waiting")

@@ -115,6 +115,13 @@ class Job:
     def branches(self) -> int:
         return len(self.params)
 
+    def detach(self) -> None:
+        """The job is over: its sequences forget it, so no cycle handle -> sequence -> job -> handle
+        keeps a dropped branch (and its KV) alive until the garbage collector runs."""
+        for seq in self.sequences:
+            seq.job = None
+        self.handles = []
+
     @property
     def done(self) -> bool:
         return self.forked and all(s.status is Status.FINISHED for s in self.sequences)
