@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 MODEL_ALIAS = "egrm"
 _INSTRUCTIONS = ("system", "developer")
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse}}
+# An invalid request on this route is OpenAI's 400 with a code (errors.py), not a 422.
+_INVALID: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}}
 
 
 def _started(request: Request) -> int:
@@ -149,7 +151,11 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
     )
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**ERROR_RESPONSES, **_NOT_FOUND})
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**ERROR_RESPONSES, **_INVALID, **_NOT_FOUND},
+)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, pipeline: PipelineDep, settings: SettingsDep, metrics: MetricsDep
 ) -> ChatCompletionResponse | StreamingResponse:
