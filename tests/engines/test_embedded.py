@@ -141,6 +141,23 @@ def test_continuing_a_subset_leaves_the_other_branches_intact(any_engine, prefix
     assert a1.token_ids == b1.token_ids  # a's cache was untouched while b advanced
 
 
+def test_a_branch_continued_many_times_stays_as_it_was(any_engine, prefix):
+    """Continuing starts a new branch from the handle's point: two calls at once, and a third
+    after them, each continue the same branch from its own KV (a follow-up per response)."""
+    (b,) = run(any_engine.sample(prefix, [BranchParams(temperature=0, max_new_tokens=4)]))
+    step = BranchParams(temperature=0, max_new_tokens=6)
+
+    async def twice():
+        return await asyncio.gather(*(any_engine.continue_branches([b.handle], " Also", [step]) for _ in range(2)))
+
+    (x,), (y,) = run(twice())
+    (z,) = run(any_engine.continue_branches([b.handle], " Also", [step]))
+    fresh = run(any_engine.sample(list(prefix) + b.token_ids + any_engine.encode(" Also"), [step]))[0]
+    assert x.token_ids == y.token_ids == z.token_ids == fresh.token_ids
+    unfed = 1 if b.finish_reason is FinishReason.LENGTH else 0
+    assert x.cached_prompt_tokens == z.cached_prompt_tokens == len(prefix) + b.completion_tokens - unfed
+
+
 def test_bad_input_is_rejected(any_engine, prefix):
     with pytest.raises(ContextLengthError):
         run(any_engine.sample(prefix, [BranchParams(max_new_tokens=any_engine._m.context_length)]))

@@ -307,7 +307,7 @@ class EmbeddedEngine:
         """All its branches finished: answer the caller, and keep their KV for as long as it holds them."""
         assert self._scheduler is not None
         self._scheduler.settle(job)
-        handles = job.handles or [self._handle(seq) for seq in job.sequences]
+        handles = [self._handle(seq) for seq in job.sequences]
         branches = [
             Branch(
                 text=seq.text or "",
@@ -383,8 +383,14 @@ class EmbeddedEngine:
     def add(self, job: Job) -> None:
         """Hand a job to the scheduler (on the model thread; tests call it, then step())."""
         assert self._scheduler is not None
-        if not self._scheduler.add(job):
-            return
+        for seq in job.sequences:
+            parent = seq.parent
+            if parent is not None:  # a continuation takes its branch's KV before anything reuses the blocks
+                copies = self._scheduler.inherit(seq)
+                if copies is not None:
+                    self._runner.fork(parent, [seq], copies)
+        job.handles = []  # the branches may go now: their KV that the job needs is its own
+        self._scheduler.add(job)
         for seq, params in zip(job.sequences, job.params, strict=True):
             seq.node = build_trie(self._m.tokenizer, params.allowed) if params.allowed is not None else None
         self._stats.batched_requests += 1

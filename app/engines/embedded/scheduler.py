@@ -81,22 +81,29 @@ class Scheduler:
         """Jobs not admitted yet (read from other threads: a reading, not exact)."""
         return sum(1 for job in list(self.jobs) if not job.admitted)
 
-    def add(self, job: Job) -> bool:
-        """Queue a job: a new prompt (its leader; the other branches wait for the fork) or the
-        branches a continuation extends (no longer only held: the tokens are appended here, on the
-        model thread, which owns every sequence)."""
-        if job.forked and any(s.status is not Status.FINISHED for s in job.sequences):
-            job.future.set_exception(ValueError("a branch is being continued by another call; wait for it"))
-            return False
+    def add(self, job: Job) -> None:
+        """Queue a job: a new prompt (its leader; the other branches wait for the fork) or the new
+        sequences of a continuation (each has taken its branch's KV, see inherit)."""
         self.jobs.append(job)
-        if job.forked:
-            for seq, params in zip(job.sequences, job.params, strict=True):
-                self.held.pop(seq.id, None)
-                seq.tokens += job.appended
-                seq.begin(params, job)
         queued = job.sequences if job.forked else job.sequences[:1]
         self.waiting.setdefault(job.tag, deque()).extend(queued)
-        return True
+
+    def inherit(self, seq: Sequence) -> list[tuple[int, int]] | None:
+        """A continuation's sequence takes the KV its branch still holds, as a fork's followers do:
+        full blocks by reference, a partly filled last one copied into a block of its own. Returns
+        the blocks whose KV the caller must copy; None when it took nothing (the branch's KV is gone,
+        or no block is free): then it is computed, or found in the prefix cache, when admitted."""
+        parent, seq.parent = seq.parent, None
+        if parent is None or not parent.blocks:
+            return None
+        kept = self.held.pop(parent.id, None)  # not the branch's own KV to make room for its copy
+        room = self._free_up(1)
+        if kept is not None:
+            self.held[parent.id] = kept
+        if not room:
+            return None
+        self.blocks.allocate(seq, 1)
+        return self.blocks.fork(parent, [seq])
 
     # --- one step -------------------------------------------------------------------------
 
@@ -271,8 +278,8 @@ class Scheduler:
         self.jobs.remove(job)
 
     def drop_abandoned(self) -> None:
-        """Callers gone: stop their sequences now. New branches are freed; continued ones keep
-        their KV (their handles may be held still)."""
+        """Callers gone: stop their sequences now and free their blocks (the branches a
+        continuation started from keep theirs)."""
         for job in [j for j in self.jobs if j.abandoned.is_set()]:
             self.jobs.remove(job)
             for seq in job.sequences:
@@ -282,10 +289,7 @@ class Scheduler:
                 if seq in self.running:
                     self.running.remove(seq)
                 seq.status = Status.FINISHED
-                if job.handles and not seq.released:
-                    self.held[seq.id] = seq
-                else:
-                    self.blocks.release(seq)
+                self.blocks.release(seq)  # nobody holds a handle to it yet
             job.detach()
             if not job.future.done() and not job.future.cancel():  # running: cancel() cannot
                 job.future.set_exception(CancelledError("the caller stopped waiting"))

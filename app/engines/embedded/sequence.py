@@ -4,8 +4,11 @@ A sample job starts as one sequence, the prompt. When the prompt's last token is
 forks: M sequences share the prompt's KV blocks (only a partly filled last block is copied) and
 each samples its first token from the same logits. From then on every branch is a sequence like
 any other: each step feeds it the tokens whose KV is not yet computed (a prompt chunk, or the
-token it sampled last) and samples the next one. The long path continues a branch by appending
-tokens to its sequence; its blocks were kept for as long as someone held the branch's handle.
+token it sampled last) and samples the next one. Continuing a branch starts a new sequence from
+it (its tokens, then the appended ones) that takes over the KV the branch still holds, as the
+M branches of a prompt share theirs; the branch itself stays as it was, so one branch can be
+continued many times (the follow-up of every response judged against one sample). A branch's
+blocks are kept for as long as someone holds its handle.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Sequence:
     cached_tokens: int = 0  # of which KV was already there (kept, or served from the prefix cache)
     released: bool = False  # its handle is gone: free the blocks once the current job ends
     kv: Any = None  # KV kept outside the pool: the generic forward's own cache (model_runner.py)
+    parent: Sequence | None = field(default=None, repr=False)  # the branch it continues, until it has its KV
 
     @property
     def uncomputed(self) -> int:
@@ -88,8 +92,7 @@ class Job:
     params: list[BranchParams]
     tag: Any = None  # the client request it serves: the scheduler shares prefill fairly among tags
     forked: bool = True  # False for a sample job until its prompt is computed and split into M branches
-    handles: list[Handle] = field(default_factory=list)  # a continuation keeps its caller's handles alive
-    appended: list[int] = field(default_factory=list)  # what a continuation appends to each branch
+    handles: list[Handle] = field(default_factory=list)  # a continuation keeps its branches alive until it runs
     future: Future = field(default_factory=Future)
     # Set when the caller stops waiting (client gone, deadline): its sequences stop at the next step.
     abandoned: threading.Event = field(default_factory=threading.Event)
@@ -108,8 +111,14 @@ class Job:
 
     @classmethod
     def continuation(cls, handles: list[Handle], appended: list[int], params: list[BranchParams], tag: Any) -> Job:
-        """The scheduler appends the tokens when it takes the job (sequences change on the model thread only)."""
-        return cls([h.sequence for h in handles], params, tag, handles=list(handles), appended=list(appended))
+        """A new sequence per handle: its branch's tokens, then the appended ones. A finished
+        branch's tokens never change, so they are read here; its KV is taken on the model thread."""
+        job = cls([], params, tag, handles=list(handles))
+        for h, p in zip(handles, params, strict=True):
+            seq = Sequence([*h.sequence.tokens, *appended], p, h.sequence.group, parent=h.sequence)
+            seq.begin(p, job)
+            job.sequences.append(seq)
+        return job
 
     @property
     def branches(self) -> int:
