@@ -8,6 +8,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# The message a call cancelled at its deadline gets (CancelledError.args): work shared with other
+# calls may go on for a retry after a deadline, not after a caller that went away.
+DEADLINE = "deadline"
+
 
 async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
     """Await all calls, in order; when one fails, cancel the others (nobody would read them),
@@ -20,10 +24,10 @@ async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
         raise
 
 
-async def _cancel(tasks: Sequence[asyncio.Future[T]]) -> None:
+async def _cancel(tasks: Sequence[asyncio.Future[T]], reason: str | None = None) -> None:
     """Cancel the tasks and wait until they have let go of what they hold."""
     for task in tasks:
-        task.cancel()
+        task.cancel(reason)
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
@@ -39,5 +43,5 @@ async def within_deadline(calls: Sequence[Awaitable[T]], timeout_s: float, late:
     except BaseException:
         await _cancel(tasks)
         raise
-    await _cancel(list(pending))
+    await _cancel(list(pending), DEADLINE)
     return [late() if t in pending else t.result() for t in tasks]

@@ -5,7 +5,8 @@
 
 A long list of items is split into requests of at most `batch_size` items, `concurrency` of them
 in flight at once; results come back in input order with `index` counted over the whole list.
-429 and 503 are retried with exponential backoff, honouring Retry-After (both capped); failures
+429 and 503 are retried with exponential backoff, honouring Retry-After (both capped), and so is a
+504 that carries Retry-After (the server keeps the request's work going for its retry); failures
 to connect are retried by the transport a bounded number of times; anything else raises.
 """
 
@@ -30,6 +31,11 @@ Item = RewardItem | Mapping[str, Any]
 Options = RewardOptions | Mapping[str, Any] | None
 
 RETRY_STATUSES = frozenset({429, 503})
+
+
+def retried(response: httpx.Response) -> bool:
+    """Worth sending again: overloaded, unavailable, or past its deadline with the work kept going."""
+    return response.status_code in RETRY_STATUSES or (response.status_code == 504 and "retry-after" in response.headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +173,7 @@ class EgrmClient:
                 raise EgrmTimeoutError(f"no answer from {self._cfg.url} within the timeout: {exc}") from exc
             except httpx.TransportError as exc:
                 raise EgrmConnectionError(f"cannot reach {self._cfg.url}: {exc}") from exc
-            if response.status_code in RETRY_STATUSES and attempt < self._cfg.retry.max_retries:
+            if retried(response) and attempt < self._cfg.retry.max_retries:
                 wait = self._cfg.retry.wait_s(attempt, response.headers.get("retry-after"))
                 log.warning("egrm answered %d; retry %d in %.2fs", response.status_code, attempt + 1, wait)
                 time.sleep(wait)
@@ -241,7 +247,7 @@ class AsyncEgrmClient:
                 raise EgrmTimeoutError(f"no answer from {self._cfg.url} within the timeout: {exc}") from exc
             except httpx.TransportError as exc:
                 raise EgrmConnectionError(f"cannot reach {self._cfg.url}: {exc}") from exc
-            if response.status_code in RETRY_STATUSES and attempt < self._cfg.retry.max_retries:
+            if retried(response) and attempt < self._cfg.retry.max_retries:
                 wait = self._cfg.retry.wait_s(attempt, response.headers.get("retry-after"))
                 log.warning("egrm answered %d; retry %d in %.2fs", response.status_code, attempt + 1, wait)
                 await asyncio.sleep(wait)

@@ -123,9 +123,28 @@ class Settings(BaseSettings):
     max_prompt_tokens: int = Field(
         4096, ge=16, description="Most tokens one rendered judge prompt may have (prompt, response, template)."
     )
-    # Under OpenRLHF's 180 s total per POST (openrlhf/utils/agent.py), so its retry never finds
-    # the first try's work still running.
-    request_timeout_s: float = Field(150.0, gt=0, description="Per-request deadline; past it, 504 and work cancelled.")
+    # Under OpenRLHF's 180 s total per POST (openrlhf/utils/agent.py): its client is still waiting
+    # when egrm answers 504, and its retry 1 s later collects the work that went on (share_grace_s).
+    request_timeout_s: float = Field(
+        150.0, gt=0, description="Per-request deadline; past it, 504 (the questions' work goes on for the grace)."
+    )
+    share_questions: bool = Field(
+        True,
+        description="Judge each question once: every response to it, in one request or in concurrent ones, is "
+        "judged against the same samples, route and candidates, kept for a window (EGRM_SHARE_*); false: every "
+        "item computes its own.",
+    )
+    share_max_entries: int = Field(4096, ge=0, description="Most questions' finished work kept for later responses.")
+    share_max_mb: float = Field(
+        64.0, ge=0, description="Most MiB of finished question work kept (this process's side)."
+    )
+    share_ttl_s: float = Field(600.0, gt=0, description="How long finished question work is kept after it is done.")
+    share_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a question's work goes on once no request waits for it (a deadline passed, a client "
+        "left), so that a retry of the same query joins it instead of starting over.",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="Bearer keys; empty = no authentication. Env: a comma-separated list or a JSON array.",

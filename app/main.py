@@ -20,6 +20,7 @@ from app.engines.base import Engine
 from app.gpu_sampler import GpuSampler
 from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
+from app.pipeline.sharing import SharingLimits
 from app.scorer.base import Scorer
 from app.scorer.client import HttpScorer
 from app.scorer.registry import load_scorer
@@ -118,6 +119,18 @@ def build_scorer(settings: Settings) -> Scorer:
     return load_scorer(settings.scorer_checkpoint)
 
 
+def sharing_limits(settings: Settings) -> SharingLimits | None:
+    """How question work is shared (EGRM_SHARE_*); None when it is not."""
+    if not settings.share_questions:
+        return None
+    return SharingLimits(
+        max_entries=settings.share_max_entries,
+        max_bytes=int(settings.share_max_mb * 2**20),
+        ttl_s=settings.share_ttl_s,
+        grace_s=settings.share_grace_s,
+    )
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None, scorer: Scorer | None = None) -> FastAPI:
     """Build the service; pass an engine to share one loaded model between apps (tests).
 
@@ -137,7 +150,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         gpus = GpuSampler(settings.gpu_metrics_interval_s)
         await asyncio.to_thread(gpus.start)  # loading the NVML library and a first reading block
         app.state.metrics.watch_gpus(gpus.latest)
-        app.state.pipeline = RewardPipeline(the_engine, the_scorer)
+        app.state.pipeline = RewardPipeline(the_engine, the_scorer, sharing=sharing_limits(settings))
+        if app.state.pipeline.questions is not None:
+            app.state.metrics.watch_sharing(app.state.pipeline.questions.stats)
         app.state.readiness = ReadinessMonitor(the_engine, the_scorer)
         await app.state.readiness.start()
         try:

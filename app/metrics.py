@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from app.engines.base import EngineStats
 from app.gpu_sampler import GpuSample
+from app.pipeline.sharing import SharingStats
 
 __all__ = ["CONTENT_TYPE", "Metrics", "WorkerMetrics"]
 
@@ -69,6 +70,10 @@ class Metrics:
     def watch_engine(self, stats: Callable[[], EngineStats]) -> None:
         """Read the engine's counters at every scrape (they live on the model thread)."""
         self.registry.register(_EngineCollector(stats))
+
+    def watch_sharing(self, stats: Callable[[], SharingStats]) -> None:
+        """Read the shared question store's counters at every scrape."""
+        self.registry.register(_SharingCollector(stats))
 
     def watch_gpus(self, latest: Callable[[], list[GpuSample]]) -> None:
         """Export the GPU sampler's latest reading at every scrape (the sampler's thread calls NVML)."""
@@ -157,6 +162,31 @@ class _EngineCollector(Collector):
             "KV pool size (embedded engine, EGRM_KV_CACHE_MB).",
             value=s.kv_capacity_bytes,
         )
+
+
+class _SharingCollector(Collector):
+    def __init__(self, stats: Callable[[], SharingStats]):
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._stats()
+        outcomes = CounterMetricFamily(
+            "egrm_shared_questions",
+            "Items' question work by how they got it: hit (finished work read), join (running work "
+            "awaited), miss (work started).",
+            labels=["outcome"],
+        )
+        for outcome, value in (("hit", s.hits), ("join", s.joins), ("miss", s.misses)):
+            outcomes.add_metric([outcome], value)
+        yield outcomes
+        yield CounterMetricFamily(
+            "egrm_shared_questions_refused",
+            "Requests refused new question work (429): it would not finish before their deadline.",
+            value=s.refused,
+        )
+        yield GaugeMetricFamily("egrm_shared_questions_entries", "Finished question work kept.", value=s.entries)
+        yield GaugeMetricFamily("egrm_shared_questions_bytes", "Size of the question work kept.", value=s.bytes)
+        yield GaugeMetricFamily("egrm_shared_questions_running", "Question work running.", value=s.running)
 
 
 class _GpuCollector(Collector):

@@ -90,6 +90,12 @@ class RewardRequest(BaseModel):
 
 
 RouteLiteral = Literal["short", "long", "reference"]
+SharedLiteral = Literal["joined", "cached"]
+SHARED_DESCRIPTION = (
+    "Where the judge's work on the question came from when this item did not compute it: another item or "
+    "request judging the same question at the same time (joined), or one that had finished within the "
+    "window (cached); null: computed for this item. Equal answers to one question get one reward."
+)
 
 
 class SampleOut(BaseModel):
@@ -157,6 +163,7 @@ class RewardResult(BaseModel):
     samples: list[SampleOut] | None = None
     candidates: list[CandidateOut] | None = None
     degraded: bool = False
+    shared: SharedLiteral | None = Field(None, description=SHARED_DESCRIPTION)
     error: ErrorDetail | None = None
     timings: TimingsOut
 

@@ -10,7 +10,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.protocol import CandidateOut, JudgementOut, RewardOptions, RouteLiteral, SampleOut, TimingsOut, unicode_text
+from app.protocol import (
+    SHARED_DESCRIPTION,
+    CandidateOut,
+    JudgementOut,
+    RewardOptions,
+    RouteLiteral,
+    SampleOut,
+    SharedLiteral,
+    TimingsOut,
+    unicode_text,
+)
 
 
 class TextPart(BaseModel):
@@ -112,6 +122,7 @@ class EgrmJudgement(BaseModel):
     samples: list[SampleOut] | None = None
     candidates: list[CandidateOut] | None = None
     degraded: bool = False
+    shared: SharedLiteral | None = Field(None, description=SHARED_DESCRIPTION)
     timings: TimingsOut
 
 

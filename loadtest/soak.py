@@ -1,9 +1,10 @@
 """Steady load against a fresh server for a set time: RSS at start and end, errors, latency.
 
 Prints one JSON line. A closed loop of `--concurrency` clients, each sending one-item requests
-(auto routing) back to back; the server's RSS is read from /proc every 10 s. Before the load, the
-unloaded latency of a request forced to the long path is measured on the same server (median of
-three), and p90 under load is reported against it.
+(auto routing; questions drawn from about 9,600, so most are new) back to back; the server's RSS
+and the shared question work it keeps (egrm_shared_questions_bytes, against EGRM_SHARE_MAX_MB)
+are read every 10 s. Before the load, the unloaded latency of a request forced to the long path is
+measured on the same server (median of three), and p90 under load is reported against it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def gauge(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def item(rng: random.Random) -> dict[str, str]:
     a, b = rng.randint(2, 99), rng.randint(2, 99)
     return {"prompt": f"What is {a} + {b}?", "response": str(a + b + rng.choice([0, 0, 1, 10]))}
@@ -40,6 +48,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
     statuses: Counter[str] = Counter()
     routes: Counter[str] = Counter()
     rss = [rss_mb(pid)]
+    shared_mb: list[float] = []
     stop_at = time.monotonic() + duration_s
 
     async def client(seed: int, http: httpx.AsyncClient) -> None:
@@ -59,6 +68,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
         while time.monotonic() < stop_at:
             await asyncio.sleep(10)
             rss.append(rss_mb(pid))
+            shared_mb.append(await asyncio.to_thread(gauge, url, "egrm_shared_questions_bytes") / 2**20)
 
     async with httpx.AsyncClient() as http:
         await asyncio.gather(sample_rss(), *(client(i, http) for i in range(concurrency)))
@@ -80,6 +90,9 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
         "rss_mb_end": round(rss[-1], 1),
         "rss_mb_max": round(max(rss), 1),
         "rss_mb_every_60s": [round(x) for x in rss[::6]],
+        "shared_mb_max": round(max(shared_mb, default=0.0), 1),
+        "shared_mb_every_60s": [round(x, 1) for x in shared_mb[::6]],
+        "shared_entries_end": int(gauge(url, "egrm_shared_questions_entries")),
     }
 
 

@@ -73,6 +73,21 @@ def test_a_refusal_raises_with_the_servers_message(url):
 
 
 @pytest.mark.slow
+def test_a_504_whose_work_goes_on_is_retried_until_it_is_done(engine):
+    """Past the deadline the server keeps the question's work and says Retry-After: the client's
+    retry collects it (a 504 without Retry-After, sharing off, is not retried)."""
+    item = {"prompt": "What is 47 * 6?", "response": "282"}
+    with serve(create_app(Settings(request_timeout_s=0.3), engine=engine)) as base:
+        with EgrmClient(base, retry=RetryPolicy(max_retries=20)) as client:
+            (result,) = client.score([item], {"path": "long"})
+    assert result.route == "long" and result.shared in ("joined", "cached")
+    with serve(create_app(Settings(request_timeout_s=0.3, share_questions=False), engine=engine)) as base:
+        with EgrmClient(base, retry=FAST) as client, pytest.raises(EgrmAPIError) as err:
+            client.score([item], {"path": "long"})
+    assert err.value.status == 504
+
+
+@pytest.mark.slow
 def test_a_real_429_from_a_full_engine_queue_is_retried(loaded_fp32, caplog):
     from app.engines.embedded.engine import EmbeddedEngine
     from tests.engines.test_batching import hold_model_thread

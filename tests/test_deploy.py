@@ -26,6 +26,7 @@ from app.engines.base import EngineStats
 from app.gpu_sampler import GpuSampler
 from app.main import create_app
 from app.metrics import Metrics
+from app.pipeline.sharing import SharingStats
 from app.protocol import MAX_M
 from tests.test_gpu_sampler import FakeNvml
 
@@ -447,6 +448,7 @@ class Exporter:
 def exporters() -> dict[str, Exporter]:
     metrics = Metrics()  # egrm's own: what app/metrics.py registers, engine and GPU collectors included
     metrics.watch_engine(EngineStats)
+    metrics.watch_sharing(SharingStats)
     sampler = GpuSampler(interval_s=3600, nvml=FakeNvml())
     metrics.watch_gpus(sampler.latest)
     sampler.start()

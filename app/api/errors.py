@@ -17,15 +17,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engines.base import EngineBusyError, EngineUnavailableError, RequestTooLargeError
 from app.pipeline.service import PromptTooLongError
+from app.pipeline.sharing import OverloadedError
 from app.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type
+        self.status, self.message, self.param, self.type, self.headers = status, message, param, type, headers
 
 
 class ClientGoneError(Exception):
@@ -83,7 +91,7 @@ def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     if exc.status == 422:
         return _invalid(request, exc.message, exc.param, "invalid_value")
-    return error_response(exc.status, exc.type, exc.message, exc.param)
+    return error_response(exc.status, exc.type, exc.message, exc.param, headers=exc.headers)
 
 
 def _http(_: Request, exc: Exception) -> JSONResponse:
@@ -115,6 +123,11 @@ def _busy(_: Request, exc: Exception) -> JSONResponse:
     return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": "1"})
 
 
+def _overloaded(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OverloadedError)
+    return error_response(429, "rate_limit_error", str(exc), headers={"Retry-After": str(int(exc.retry_after_s))})
+
+
 def _unavailable(_: Request, exc: Exception) -> JSONResponse:
     # The message names the backend's URL (never a key); the client may retry once it is back.
     return error_response(503, "engine_unavailable", str(exc), headers={"Retry-After": "5"})
@@ -130,6 +143,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(EngineBusyError, _busy)
+    app.add_exception_handler(OverloadedError, _overloaded)
     app.add_exception_handler(RequestTooLargeError, _too_large)
     app.add_exception_handler(EngineUnavailableError, _unavailable)
     app.add_exception_handler(PromptTooLongError, _prompt_too_long)

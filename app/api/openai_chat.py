@@ -28,6 +28,7 @@ from app.api.scoring import (
     samples_out,
     score_items,
     served_model,
+    shared_out,
     timings_out,
     verdict_fields,
 )
@@ -147,6 +148,7 @@ def judgement(r: ItemResult, template: str) -> EgrmJudgement:
         samples=samples_out(r),
         candidates=candidates_out(r),
         degraded=r.degraded,
+        shared=shared_out(r),
         timings=timings_out(r),
     )
 
@@ -166,7 +168,7 @@ async def chat_completions(
     (result,), usage = await score_items(
         request, pipeline, settings, metrics, "/v1/chat/completions", [item], options, lambda _: "messages"
     )
-    raise_item_errors([result], lambda _: "messages")
+    raise_item_errors([result], lambda _: "messages", settings)
     verdict = judgement(result, options.template)
     completion = ChatCompletionResponse(
         id=f"chatcmpl-{uuid.uuid4().hex}",

@@ -47,6 +47,7 @@ EXTRA_LOGS: dict[str, Callable[[ItemResult], float]] = {
     "egrm_consensus": lambda r: r.consensus,
     "egrm_verdict": lambda r: 1.0 if r.judgements and r.judgements[0].right else 0.0,
     "egrm_long_route": lambda r: 1.0 if r.route is Route.LONG else 0.0,
+    "egrm_shared": lambda r: 0.0 if r.shared is None else 1.0,  # the question's work came from another query
 }
 
 
@@ -64,7 +65,7 @@ async def get_reward(
         return GetRewardResponse(rewards=[], scores=[], extra_logs={key: [] for key in EXTRA_LOGS})
     results, _ = await score_items(request, pipeline, settings, metrics, "/get_reward", items, options, _query)
     # OpenRLHF turns rewards into a tensor: a hole would break its batch, so a failed item fails the request.
-    raise_item_errors(results, _query)
+    raise_item_errors(results, _query, settings)
     rewards = [float(r.reward or 0.0) for r in results]
     return GetRewardResponse(
         rewards=rewards,

@@ -14,6 +14,7 @@ from app.api.scoring import (
     samples_out,
     score_items,
     served_model,
+    shared_out,
     timings_out,
     verdict_fields,
 )
@@ -68,6 +69,7 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         samples=samples_out(r),
         candidates=candidates_out(r),
         degraded=r.degraded,
+        shared=shared_out(r),
         error=ErrorDetail(type=r.error_type, message=r.error, param=f"items[{index}]") if r.error else None,
         timings=timings_out(r),
     )

@@ -19,7 +19,15 @@ from app.engines.base import client_request
 from app.metrics import Metrics
 from app.pipeline.service import PromptTooLongError, RewardPipeline
 from app.pipeline.types import ConsensusMode, ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
-from app.protocol import CandidateOut, ErrorResponse, JudgementOut, RewardOptions, SampleOut, TimingsOut
+from app.protocol import (
+    CandidateOut,
+    ErrorResponse,
+    JudgementOut,
+    RewardOptions,
+    SampleOut,
+    SharedLiteral,
+    TimingsOut,
+)
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 413, 422, 429, 500, 503, 504)
@@ -63,10 +71,12 @@ def record(metrics: Metrics, results: list[ItemResult]) -> Usage:
     total = Usage()
     for r in results:
         t = r.timings
+        # An item that shared its question's work spent none of its stages: they are counted once.
+        stages = {"sample": t.sample_ms, "reasoning": t.reasoning_ms, "scorer": t.scorer_ms} if r.shared is None else {}
         metrics.observe_item(
             r.route.value if r.route else None,
             r.consensus,
-            {"sample": t.sample_ms, "reasoning": t.reasoning_ms, "scorer": t.scorer_ms},
+            stages,
             r.degraded,
             r.error is not None,
         )
@@ -110,20 +120,28 @@ async def score_items(
     if any(late):
         metrics.cancelled.labels(reason="deadline").inc()
     if late and all(late):
-        raise ApiError(
-            504, f"request exceeded EGRM_REQUEST_TIMEOUT_S={settings.request_timeout_s:g}s", None, "timeout_error"
-        )
+        raise deadline_error(settings)
     usage = record(metrics, results)
     metrics.observe_request(endpoint, {r.route.value for r in results if r.route}, time.perf_counter() - start)
     return results, usage
 
 
-def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int], str]) -> None:
+def deadline_error(settings: Settings, param: str | None = None, message: str | None = None) -> ApiError:
+    """504: the request's deadline passed. Its questions' work goes on for EGRM_SHARE_GRACE_S and is
+    kept, so the same request sent again joins or reads it instead of starting over."""
+    message = message or f"request exceeded EGRM_REQUEST_TIMEOUT_S={settings.request_timeout_s:g}s"
+    if not settings.share_questions:
+        return ApiError(504, message, param, "timeout_error")
+    message += f"; its work goes on for {settings.share_grace_s:g}s: retry the same request to get it"
+    return ApiError(504, message, param, "timeout_error", headers={"Retry-After": "1"})
+
+
+def raise_item_errors(results: Sequence[ItemResult], item_param: Callable[[int], str], settings: Settings) -> None:
     """For wire formats without a per-item error slot: the first item that failed fails the request
     (504 if it ran out of time)."""
     for i, r in enumerate(results):
         if r.error_type == "timeout_error":
-            raise ApiError(504, f"{item_param(i)}: {r.error}", item_param(i), "timeout_error")
+            raise deadline_error(settings, item_param(i), f"{item_param(i)}: {r.error}")
         if r.error is not None:
             raise ApiError(422, f"{item_param(i)} could not be judged: {r.error}", item_param(i))
 
@@ -161,6 +179,10 @@ def verdict_fields(r: ItemResult) -> dict[str, Any]:
         return {"verdict": None, "verdict_by": None, "judgements": judgements_out(r)}
     (j,) = r.judgements
     return {"verdict": j.verdict, "verdict_by": j.by.value, "judgements": judgements_out(r)}
+
+
+def shared_out(r: ItemResult) -> SharedLiteral | None:
+    return None if r.shared is None else r.shared.value  # type: ignore[return-value]
 
 
 def timings_out(r: ItemResult) -> TimingsOut:

@@ -24,13 +24,23 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class LongPathResult:
-    judgement: Judgement
-    candidates: list[ScoredCandidate]
+class Reasoned:
+    """The long path's question-level half: the reasoned candidates, their results and scores.
+    It depends on the question alone, so every response to the question is judged against it."""
+
+    candidates: list[ScoredCandidate]  # reasoning, result and score (no verdict: that is per response)
+    texts: list[str | None]  # what each result is read from: None where the reasoning was cut short
+    reasoning: list[Branch]  # the reasoning branches: a response's Yes/No follow-up continues them
+    weights: list[float]  # each candidate's weight in the vote
+    winner: str | None  # the class of results with the most weight: the judge's answer
     degraded: bool = False  # the scorer could not answer; the candidates weighed equally
     usage: Usage = field(default_factory=Usage)
     reasoning_ms: float = 0.0
     scorer_ms: float = 0.0
+
+    @property
+    def keys(self) -> list[str | None]:
+        return [c.answer for c in self.candidates]
 
 
 def usage_of(branches: Sequence[Branch]) -> Usage:
@@ -48,7 +58,8 @@ def followup(engine: Engine, item: JudgeItem, response: str) -> list[int]:
 
 
 async def verdicts(engine: Engine, ids: Sequence[int], branches: Sequence[Branch]) -> list[Branch]:
-    """Each branch's Yes/No verdict after the follow-up `ids`: greedy, constrained to the two."""
+    """Each branch's Yes/No verdict after the follow-up `ids`: greedy, constrained to the two.
+    Continuing leaves the branches as they were, for the next response's follow-up."""
     params = BranchParams(temperature=0.0, max_new_tokens=4, allowed=JUDGE.verdicts)
     return await engine.continue_branches([b.handle for b in branches], ids, [params] * len(branches))
 
@@ -74,29 +85,27 @@ def result_logprob(engine: Engine, branch: Branch, result: str | None) -> float:
     return 0.0
 
 
-async def run_long_path(
+async def reason_and_score(
     engine: Engine,
     scorer: Scorer,
     checker: AnswerChecker,
-    item: JudgeItem,
-    response: str,
+    prompt: str,
     samples: Sequence[Branch],
     options: JudgeOptions,
-) -> LongPathResult:
+) -> Reasoned:
+    """Reason on from every sample, read each result, and score the candidates."""
     start = time.perf_counter()
     reasoning = await reason(engine, samples, options)
     # A reasoning cut at the token limit has not reached its result: its last number is a step.
     finished = [r.finish_reason is FinishReason.STOP for r in reasoning]
-    comparison = await checker.compare(
-        [r.text if f else None for r, f in zip(reasoning, finished, strict=True)], [response]
-    )
-    keys = comparison.answer_keys
+    texts = [r.text if f else None for r, f in zip(reasoning, finished, strict=True)]
+    keys = (await checker.compare(texts, [])).answer_keys
     reasoning_ms = (time.perf_counter() - start) * 1000
     given = sum(k is not None for k in keys)
     candidates = [
         Candidate(
-            prompt=item.prompt,
-            response=response,
+            prompt=prompt,
+            response="",  # the judge's own reasoning on the question: no response is in it
             reasoning=s.text + JUDGE.reasoning_cue + r.text,
             answer=k,
             mean_logprob=r.mean_logprob,
@@ -108,7 +117,6 @@ async def run_long_path(
         )
         for s, r, k, f in zip(samples, reasoning, keys, finished, strict=True)
     ]
-    usage = usage_of(reasoning)
     start = time.perf_counter()
     degraded = False
     try:
@@ -116,24 +124,31 @@ async def run_long_path(
     except Exception as exc:  # any scorer failure degrades to an equal-weight vote, never to an error
         log.warning("scorer failed, the candidates weigh equally: %r", exc)
         scores, degraded = [0.0] * len(candidates), True
-    scorer_ms = (time.perf_counter() - start) * 1000
     weights = vote_weights(scores)
-    winner = weighted_vote(keys, weights)
-    judgement = by_equivalence(comparison, keys, weights, winner)
-    verdict_texts: list[str | None] = [None] * len(candidates)
-    if judgement is None:  # the response (or every result) is not checkable: the judge's Yes/No decides
-        finals = await verdicts(engine, followup(engine, item, response), reasoning)
-        judgement = by_verdicts(finals, weights, comparison, winner)
-        verdict_texts = [JUDGE.verdict_of(f.text) for f in finals]
-        usage.add(usage_of(finals))
-    return LongPathResult(
-        judgement=judgement,
-        candidates=[
-            ScoredCandidate(c.reasoning, c.answer, s, v)
-            for c, s, v in zip(candidates, scores, verdict_texts, strict=True)
-        ],
+    return Reasoned(
+        candidates=[ScoredCandidate(c.reasoning, c.answer, s) for c, s in zip(candidates, scores, strict=True)],
+        texts=texts,
+        reasoning=reasoning,
+        weights=weights,
+        winner=weighted_vote(keys, weights),
         degraded=degraded,
-        usage=usage,
+        usage=usage_of(reasoning),
         reasoning_ms=reasoning_ms,
-        scorer_ms=scorer_ms,
+        scorer_ms=(time.perf_counter() - start) * 1000,
     )
+
+
+async def judge_long(
+    engine: Engine, checker: AnswerChecker, reasoned: Reasoned, item: JudgeItem, response: str
+) -> tuple[Judgement, list[str | None], Usage]:
+    """One response against the reasoned candidates: by the verifier where both sides read as
+    math, else by each candidate's Yes/No follow-up. Returns the judgement, each candidate's
+    verdict (where they decided) and the tokens the follow-ups took."""
+    comparison = await checker.compare(reasoned.texts, [response])
+    judgement = by_equivalence(comparison, reasoned.keys, reasoned.weights, reasoned.winner)
+    if judgement is not None:
+        return judgement, [None] * len(reasoned.candidates), Usage()
+    # The response (or every result) is not checkable: the judge's Yes/No decides.
+    finals = await verdicts(engine, followup(engine, item, response), reasoned.reasoning)
+    judgement = by_verdicts(finals, reasoned.weights, comparison, reasoned.winner)
+    return judgement, [JUDGE.verdict_of(f.text) for f in finals], usage_of(finals)

@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from app.aio import gather_or_cancel, within_deadline
-from app.engines.base import Branch, BranchParams, Engine
-from app.pipeline.consensus import choose_route, tally
+from app.engines.base import Engine
 from app.pipeline.judgement import by_equivalence, by_exact, by_verdicts
-from app.pipeline.longpath import followup, run_long_path, usage_of, verdicts
+from app.pipeline.longpath import followup, judge_long, usage_of, verdicts
+from app.pipeline.question import QuestionWork, judge_question, question_key
+from app.pipeline.sharing import SharedWork, SharingLimits
 from app.pipeline.templates import JUDGE, get_template
 from app.pipeline.types import (
     ConsensusMode,
@@ -25,6 +24,7 @@ from app.pipeline.types import (
     JudgeOptions,
     Route,
     Sample,
+    Shared,
     Timings,
     Usage,
     VerdictBy,
@@ -50,12 +50,25 @@ def timed_out(deadline_s: float) -> ItemResult:
 
 
 class RewardPipeline:
-    def __init__(self, engine: Engine, scorer: Scorer, checker: AnswerChecker | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        scorer: Scorer,
+        checker: AnswerChecker | None = None,
+        sharing: SharingLimits | None = None,
+    ):
         """checker: how answers are compared; by default math-verify in a worker process of its own
-        (started on first use, stopped by close())."""
+        (started on first use, stopped by close()). sharing: keep each question's work for every
+        response to it, across requests (sharing.py); None: each item computes its own."""
         self.engine = engine
         self.scorer = scorer
         self.checker = checker if checker is not None else MathVerifyChecker()
+        self.questions: SharedWork[QuestionWork] | None = (
+            # Degraded work (the scorer failed) serves the requests waiting for it, not later ones.
+            SharedWork(sharing, size_of=lambda w: w.nbytes, keep=lambda w: not w.degraded)
+            if sharing is not None
+            else None
+        )
 
     async def close(self) -> None:
         """Stops the answer checker (the engine and the scorer belong to whoever built them)."""
@@ -80,7 +93,7 @@ class RewardPipeline:
             for i, size in enumerate(await self._judged_tokens(items, options.template, prompts)):
                 if size > max_prompt_tokens:
                     raise PromptTooLongError(i, size, max_prompt_tokens)
-        calls = [self._score_or_error(item, ids, options) for item, ids in zip(items, prompts, strict=True)]
+        calls = [self._score_or_error(item, ids, options, deadline_s) for item, ids in zip(items, prompts, strict=True)]
         if deadline_s is None:
             # One item failing the whole request (e.g. the engine queue is full) stops the others
             # instead of leaving their work running for nobody (their queued jobs are cancelled).
@@ -113,15 +126,22 @@ class RewardPipeline:
         chars = sum(len(i.response) + len(i.response_b or "") for i in items)
         return await asyncio.to_thread(tokens) if chars > _OFF_LOOP_CHARS else tokens()
 
-    async def _score_or_error(self, item: JudgeItem, prompt_ids: list[int], options: JudgeOptions) -> ItemResult:
+    async def _score_or_error(
+        self, item: JudgeItem, prompt_ids: list[int], options: JudgeOptions, deadline_s: float | None
+    ) -> ItemResult:
         try:
-            return await self.score_item(item, options, prompt_ids)
+            return await self.score_item(item, options, prompt_ids, deadline_s)
         except ValueError as exc:  # e.g. the prompt does not fit the model's context
             return ItemResult(reward=None, answer=None, route=None, consensus=0.0, votes={}, error=str(exc))
 
     async def score_item(
-        self, item: JudgeItem, options: JudgeOptions, prompt_ids: list[int] | None = None
+        self,
+        item: JudgeItem,
+        options: JudgeOptions,
+        prompt_ids: list[int] | None = None,
+        deadline_s: float | None = None,
     ) -> ItemResult:
+        """deadline_s: the deadline the request brings (admission of new shared work reads it)."""
         start = time.perf_counter()
         template = get_template(options.template)
         answers = responses(item, template.responses)
@@ -129,15 +149,33 @@ class RewardPipeline:
         if result is None:
             if prompt_ids is None:
                 (prompt_ids,) = await self.encode_prompts([item])
-            if len(answers) > 1 and options.seed is None:  # both responses against the same samples
-                options = replace(options, seed=random.randrange(2**31))
-            runs = await gather_or_cancel([self.judge(item, r, options, prompt_ids) for r in answers])
+            work, shared = await self.question(item, options, prompt_ids, deadline_s)
+            # Pairwise: both responses against the same work, so their order cannot matter.
+            runs = await gather_or_cancel([self.judge(work, item, r, options) for r in answers])
             result = merged(runs)
+            if shared is Shared.COMPUTED:
+                result.usage.add(work.usage)  # the work was this item's: its tokens count here
+            else:
+                result.shared = shared
         result.answer, result.reward = template.present(
             [j.p for j in result.judgements], [j.right for j in result.judgements]
         )
         result.timings.total_ms = (time.perf_counter() - start) * 1000
         return result
+
+    async def question(
+        self, item: JudgeItem, options: JudgeOptions, prompt_ids: list[int], deadline_s: float | None = None
+    ) -> tuple[QuestionWork, Shared]:
+        """The judge's work on the item's question: computed here, or shared (sharing.py)."""
+
+        key = question_key(self.engine.model_name, prompt_ids, options)
+
+        def compute() -> Awaitable[QuestionWork]:
+            return judge_question(self.engine, self.scorer, self.checker, key, item.prompt, prompt_ids, options)
+
+        if self.questions is None:
+            return await compute(), Shared.COMPUTED
+        return await self.questions.get(key, compute, deadline_s)
 
     async def _by_reference(self, item: JudgeItem, answers: Sequence[str]) -> ItemResult | None:
         """A reference that reads as math decides by itself, against every response that does."""
@@ -153,80 +191,101 @@ class RewardPipeline:
         ]
         return ItemResult(None, None, Route.REFERENCE, 1.0, {}, judgements=judgements)
 
-    async def judge(self, item: JudgeItem, response: str, options: JudgeOptions, prompt_ids: list[int]) -> ItemResult:
-        """One response: sample the judge's own answers, vote, route, and judge on that route."""
-        start = time.perf_counter()
-        branches = await self.engine.sample(prompt_ids, short_answer_params(options))
-        samples = branches[: options.m]  # then the greedy branch of the exact estimate, if asked
-        comparison = await self.checker.compare([b.text for b in branches], [response])
-        keys = comparison.answer_keys[: options.m]
-        counted = tally(keys)
-        greedy = branches[options.m] if options.needs_exact else None
-        exact = ExactConsensus(comparison.answer_keys[-1], exact_probability(greedy)) if greedy else None
-        by_exact_estimate = exact is not None and options.consensus is ConsensusMode.EXACT
-        consensus = exact.probability if exact is not None and by_exact_estimate else counted.consensus
-        route = choose_route(consensus, options.tau, options.path)
+    async def judge(self, work: QuestionWork, item: JudgeItem, response: str, options: JudgeOptions) -> ItemResult:
+        """One response against the judge's work on its question, on the route the work took."""
         result = ItemResult(
             reward=None,
             answer=None,
-            route=route,
-            consensus=consensus,
-            votes=counted.votes,
-            exact=exact,
-            usage=usage_of(branches),
+            route=work.route,
+            consensus=work.consensus,
+            votes=dict(work.tally.votes),
+            exact=work.exact,
+            timings=Timings(sample_ms=work.sample_ms),
         )
         if options.return_samples:
-            result.samples = [Sample(s.text, t, k) for s, t, k in zip(samples, options.temperatures, keys, strict=True)]
+            result.samples = [
+                Sample(s.text, t, k) for s, t, k in zip(work.samples, options.temperatures, work.keys, strict=False)
+            ]
         # The short path's judgement: the vote's (its leader continues when the judge must say
         # Yes/No) and, when asked for, the exact estimate's (its greedy branch continues).
         # Evaluation (with_exact) reads both wherever it can; the long path keeps the leader.
-        short = route is Route.SHORT
-        leader = next((s for s, k in zip(samples, keys, strict=True) if k is not None and k == counted.majority), None)
+        short = work.route is Route.SHORT
+        by_exact_estimate = work.exact is not None and options.consensus is ConsensusMode.EXACT
+        want_sampled = short and (options.with_exact or not by_exact_estimate)
+        want_exact = work.exact is not None and (options.with_exact or (short and by_exact_estimate))
         sampled = exact_short = None
-        if short and (options.with_exact or not by_exact_estimate):
-            sampled = await self._short(item, response, comparison, keys, counted.majority, leader, None, result.usage)
-        if exact is not None and greedy is not None and (options.with_exact or (short and by_exact_estimate)):
-            exact_short = await self._short(item, response, comparison, keys, exact.vote, greedy, exact, result.usage)
-            result.exact = replace(exact, answer=exact_short.verdict)
+        if want_sampled or want_exact:
+            comparison = await self.checker.compare(work.texts, [response])
+            if want_sampled:
+                sampled = await self._short(work, item, response, comparison, None, result.usage)
+            if work.exact is not None and want_exact:
+                exact_short = await self._short(work, item, response, comparison, work.exact, result.usage)
+                result.exact = replace(work.exact, answer=exact_short.verdict)
         result.majority_answer = sampled.verdict if sampled else None
-        result.timings = Timings(sample_ms=(time.perf_counter() - start) * 1000)
         if short:
             chosen = exact_short if by_exact_estimate else sampled
             assert chosen is not None  # computed above for the estimator that routes
             result.judgements = [chosen]
             return result
-        long = await run_long_path(self.engine, self.scorer, self.checker, item, response, samples, options)
-        result.judgements, result.candidates, result.degraded = [long.judgement], long.candidates, long.degraded
-        result.usage.add(long.usage)
-        result.timings.reasoning_ms, result.timings.scorer_ms = long.reasoning_ms, long.scorer_ms
+        reasoned = work.reasoned
+        assert reasoned is not None  # the long route reasons
+        judgement, verdict_texts, usage = await self._memo(
+            work, ("long", response), lambda: judge_long(self.engine, self.checker, reasoned, item, response)
+        )
+        result.judgements = [judgement]
+        result.candidates = [replace(c, verdict=v) for c, v in zip(reasoned.candidates, verdict_texts, strict=True)]
+        result.degraded = reasoned.degraded
+        result.usage.add(usage)
+        result.timings.reasoning_ms, result.timings.scorer_ms = reasoned.reasoning_ms, reasoned.scorer_ms
         return result
 
     async def _short(
         self,
+        work: QuestionWork,
         item: JudgeItem,
         response: str,
         comparison: Comparison,
-        keys: Sequence[str | None],
-        answer: str | None,
-        branch: Branch | None,
         exact: ExactConsensus | None,
         usage: Usage,
     ) -> Judgement:
-        """The short path's judgement of the response against `answer` (the vote's or the greedy
-        one): by equivalence where checkable, else by `branch`'s Yes/No follow-up."""
-        ones = [1.0] * len(keys)
-        decided = (
-            by_exact(comparison, keys, answer, exact.probability)
-            if exact is not None
-            else by_equivalence(comparison, keys, ones, answer)
-        )
+        """The short path's judgement of the response against the vote's answer (or, with exact,
+        the greedy one): by equivalence where checkable, else by its branch's Yes/No follow-up."""
+        keys = work.keys[: work.m]
+        if exact is not None:
+            answer, branch = exact.vote, work.greedy
+            decided = by_exact(comparison, keys, answer, exact.probability)
+        else:
+            answer, branch = work.tally.majority, work.leader
+            decided = by_equivalence(comparison, keys, [1.0] * len(keys), answer)
         if decided is not None:
             return decided
         if branch is None:  # no sample gave an answer to hold the response against
             return Judgement(0.0, False, VerdictBy.JUDGE, None, comparison.response_answers[0])
-        (verdict,) = await verdicts(self.engine, followup(self.engine, item, response), [branch])
-        usage.add(usage_of([verdict]))
-        return by_verdicts([verdict], [1.0], comparison, answer)
+
+        async def ask() -> tuple[Judgement, list[str | None], Usage]:
+            (verdict,) = await verdicts(self.engine, followup(self.engine, item, response), [branch])
+            return by_verdicts([verdict], [1.0], comparison, answer), [], usage_of([verdict])
+
+        judgement, _, spent = await self._memo(work, ("exact" if exact else "sampled", response), ask)
+        usage.add(spent)
+        return judgement
+
+    async def _memo(
+        self,
+        work: QuestionWork,
+        key: tuple[str, str],
+        ask: Callable[[], Awaitable[tuple[Judgement, list[str | None], Usage]]],
+    ) -> tuple[Judgement, list[str | None], Usage]:
+        """A response's follow-up judgement, memoised on the work: the first one asked stands for
+        every later (or concurrent) copy of the same response, which spends no tokens on it."""
+        if key in work.followups:
+            judgement, texts, _ = work.followups[key]
+            return judgement, texts, Usage()
+        answer = await ask()
+        kept = work.followups.setdefault(key, answer)
+        if self.questions is not None:
+            self.questions.refresh(work.key, work)
+        return kept if kept is answer else (kept[0], kept[1], Usage())
 
 
 def responses(item: JudgeItem, count: int) -> list[str]:
@@ -245,28 +304,3 @@ def merged(runs: Sequence[ItemResult]) -> ItemResult:
         first.usage.add(other.usage)
         first.degraded = first.degraded or other.degraded
     return first
-
-
-def short_answer_params(options: JudgeOptions) -> list[BranchParams]:
-    """One answer-only branch per ladder temperature (the judge's own answer, ending at EOS),
-    and a greedy one when the exact estimate is asked for."""
-    params = [
-        BranchParams(
-            temperature=t,
-            top_p=options.top_p,
-            max_new_tokens=JUDGE.answer_tokens,
-            seed=None if options.seed is None else options.seed + i,
-        )
-        for i, t in enumerate(options.temperatures)
-    ]
-    if options.needs_exact:
-        params.append(replace(params[0], temperature=0.0, seed=None))
-    return params
-
-
-def exact_probability(greedy: Branch) -> float:
-    """The model's probability (T=1) of its greedy short answer: the share of samples expected
-    to agree with it at T=1."""
-    if greedy.token_ids and not greedy.logprobs:
-        raise ValueError("the engine returned no log-probabilities: the exact consensus needs them")
-    return math.exp(sum(greedy.logprobs))

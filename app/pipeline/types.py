@@ -26,6 +26,14 @@ class PathMode(str, Enum):
     LONG = "long"
 
 
+class Shared(str, Enum):
+    """How an item got the judge's work on its question (pipeline/sharing.py)."""
+
+    COMPUTED = "computed"  # it started the work
+    JOINED = "joined"  # the work was running for another item or request: it waited for that
+    CACHED = "cached"  # the work had finished within the window: it read it
+
+
 class ConsensusMode(str, Enum):
     SAMPLED = "sampled"  # the M samples' vote: count(majority) / M (the method)
     EXACT = "exact"  # the model's own probability of its most likely short answer
@@ -142,6 +150,7 @@ class ItemResult:
     samples: list[Sample] | None = None
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False
+    shared: Shared | None = None  # the question's work came from another item or request (joined, cached)
     error: str | None = None
     error_type: str = "item_error"  # or "timeout_error": not judged within the request's deadline
     usage: Usage = field(default_factory=Usage)

@@ -53,7 +53,7 @@ def test_openrlhf_request_gets_rewards_scores_and_extra_logs(url):
     assert len(data["rewards"]) == 2 and all(0.0 <= x <= 1.0 for x in data["rewards"])
     assert data["rewards"][0] == 1.0  # the label "4" reads as a number: it decides, against "4"
     assert data["scores"] == data["rewards"]
-    assert set(data["extra_logs"]) == {"egrm_consensus", "egrm_verdict", "egrm_long_route"}
+    assert set(data["extra_logs"]) == {"egrm_consensus", "egrm_verdict", "egrm_long_route", "egrm_shared"}
     assert data["extra_logs"]["egrm_verdict"][0] == 1.0
     assert data["extra_logs"]["egrm_long_route"] == [0.0, 0.0]
     assert all(0.2 <= c <= 1.0 for c in data["extra_logs"]["egrm_consensus"])
@@ -148,7 +148,7 @@ def test_empty_lists_answer_empty_lists(url):
     any error there fails the whole reward fetch."""
     r = post(url, {"query": [], "prompts": [], "labels": []})
     assert r.status_code == 200, r.text
-    empty = {"egrm_consensus": [], "egrm_verdict": [], "egrm_long_route": []}
+    empty = {"egrm_consensus": [], "egrm_verdict": [], "egrm_long_route": [], "egrm_shared": []}
     assert r.json() == {"rewards": [], "scores": [], "extra_logs": empty}
 
 

@@ -34,7 +34,8 @@ def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
         assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
         short = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
         sglang.answers = split("12+30=42", "12+30=41")  # the judge's samples disagree: the long path
-        long = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
+        # Another seed is other work (the same one would read the first request's, kept).
+        long = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 2}})
     assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)
     assert short.json()["model"] == sglang.model_path  # the runtime's own model id
     (s,), (lng,) = short.json()["results"], long.json()["results"]

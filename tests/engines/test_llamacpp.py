@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.engines.base import BranchParams
 from app.engines.embedded.constraint import build_trie
 from app.engines.llamacpp import gbnf_choice, one_call
-from app.pipeline.service import short_answer_params
+from app.pipeline.question import short_answer_params
 from app.pipeline.types import JudgeOptions, PathMode
 
 

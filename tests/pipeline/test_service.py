@@ -6,7 +6,8 @@ import time
 import pytest
 
 from app.engines.base import Branch, FinishReason
-from app.pipeline.service import RewardPipeline, exact_probability
+from app.pipeline.question import exact_probability
+from app.pipeline.service import RewardPipeline
 from app.pipeline.templates import JUDGE
 from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
 from app.scorer.heuristic import HeuristicScorer

@@ -37,6 +37,8 @@ def api(model_path, worker_port) -> Iterator[str]:
         "EGRM_SCORER_TIMEOUT_S": "1",
         "EGRM_SCORER_RETRIES": "1",
         "EGRM_LONG_MAX_TOKENS": "16",
+        # Every call reasons and scores anew: these tests are about the scorer, not the kept work.
+        "EGRM_SHARE_QUESTIONS": "false",
     }
     with running_server(env) as url:  # ready without any worker: a missing scorer only degrades
         yield url

@@ -25,6 +25,9 @@ from app.engines.base import BranchParams, FinishReason
 from app.engines.embedded.constraint import TrieNode
 
 _ids = itertools.count()
+# A sequence whose job is over draws nothing until begin() gives it a generator again: they all
+# hold this one instead of 2.5 KB of Mersenne Twister state each (held branches are many).
+_SPENT = random.Random(0)
 
 
 class Status(Enum):
@@ -128,7 +131,7 @@ class Job:
         """The job is over: its sequences forget it, so no cycle handle -> sequence -> job -> handle
         keeps a dropped branch (and its KV) alive until the garbage collector runs."""
         for seq in self.sequences:
-            seq.job = None
+            seq.job, seq.rng = None, _SPENT
         self.handles = []
 
     @property
