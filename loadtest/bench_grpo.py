@@ -180,7 +180,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="N prompts")
     parser.add_argument("--group", type=int, default=8, help="G responses per prompt")
     parser.add_argument("--overload", action="store_true", help="64 retried one-query POSTs past a short deadline")
-    parser.add_argument("--timeout-s", type=float, default=4.0, help="EGRM_REQUEST_TIMEOUT_S under --overload")
+    parser.add_argument("--timeout-s", type=float, default=2.0, help="EGRM_REQUEST_TIMEOUT_S under --overload")
     args = parser.parse_args()
     result = overload(args.timeout_s) if args.overload else throughput(args.prompts, args.group)
     print(json.dumps(result))

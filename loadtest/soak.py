@@ -1,10 +1,11 @@
 """Steady load against a fresh server for a set time: RSS at start and end, errors, latency.
 
 Prints one JSON line. A closed loop of `--concurrency` clients, each sending one-item requests
-(auto routing; questions drawn from about 9,600, so most are new) back to back; the server's RSS
-and the shared question work it keeps (egrm_shared_questions_bytes, against EGRM_SHARE_MAX_MB)
-are read every 10 s. Before the load, the unloaded latency of a request forced to the long path is
-measured on the same server (median of three), and p90 under load is reported against it.
+(auto routing; questions drawn from about 9,600, so most are new) back to back; the server's RSS,
+the shared question work it keeps (egrm_shared_questions_bytes, against EGRM_SHARE_MAX_MB) and
+the KV pool in use are read every 10 s. Before the load, the unloaded latency of a request forced
+to the long path is measured on the same server (median of three), and p90 under load is
+reported against it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
     routes: Counter[str] = Counter()
     rss = [rss_mb(pid)]
     shared_mb: list[float] = []
+    kv_mb: list[float] = []
     stop_at = time.monotonic() + duration_s
 
     async def client(seed: int, http: httpx.AsyncClient) -> None:
@@ -69,6 +71,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
             await asyncio.sleep(10)
             rss.append(rss_mb(pid))
             shared_mb.append(await asyncio.to_thread(gauge, url, "egrm_shared_questions_bytes") / 2**20)
+            kv_mb.append(await asyncio.to_thread(gauge, url, "egrm_engine_kv_bytes") / 2**20)
 
     async with httpx.AsyncClient() as http:
         await asyncio.gather(sample_rss(), *(client(i, http) for i in range(concurrency)))
@@ -93,6 +96,7 @@ async def soak(url: str, pid: int, duration_s: float, concurrency: int) -> dict[
         "shared_mb_max": round(max(shared_mb, default=0.0), 1),
         "shared_mb_every_60s": [round(x, 1) for x in shared_mb[::6]],
         "shared_entries_end": int(gauge(url, "egrm_shared_questions_entries")),
+        "kv_pool_mb_in_use_every_60s": [round(x) for x in kv_mb[::6]],
     }
 
 
