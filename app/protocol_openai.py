@@ -53,7 +53,15 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+INT64 = 2**63  # OpenAI's seed is any signed 64-bit integer (openapi.yaml: integer, format int64)
+
+
 class ChatCompletionRequest(BaseModel):
+    """Every parameter of OpenAI's Chat Completions create (openai-python 3.x, `completions.create`):
+    mapped where it means something for a judgement, accepted and ignored (logged once) where it
+    does not, refused only where accepting it would mislead (see app/api/openai_chat.py). A field
+    OpenAI does not have is refused (unknown_parameter)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="The served model id (see GET /v1/models) or the alias 'egrm'.")
@@ -62,12 +70,23 @@ class ChatCompletionRequest(BaseModel):
         description="The conversation to judge: the last message is the assistant response under judgement, "
         "the user message before it the prompt; system messages reach the judge as the reference.",
     )
-    n: int | None = Field(None, description="Only 1: one judgement per request (egrm.m sets the samples).")
+    # Mapped.
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="The nucleus of every judge sample.")
-    seed: int | None = Field(None, ge=0, description="Makes the judge's sampling reproducible.")
+    seed: int | None = Field(None, ge=-INT64, lt=INT64, description="Makes the judge's sampling reproducible.")
     stream: bool | None = Field(None, description="True: the judgement as server-sent events (chat.completion.chunk).")
-    stream_options: dict[str, Any] | None = Field(None, description="Accepted; the usage chunk is always sent.")
-    # Sent by SDKs and frameworks (veRL's GenRM helper sends temperature): accepted, ignored, logged.
+    stream_options: dict[str, Any] | None = Field(
+        None, description="include_usage: a last chunk with the usage and no choices, as OpenAI sends it."
+    )
+    # Refused when they ask for what a judgement cannot be (see openai_chat.REFUSED).
+    n: int | None = Field(None, description="Only 1: one judgement per request (egrm.m sets the samples).")
+    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}: the judgement is text.")
+    tools: list[Any] | None = Field(None, description="Accepted; the judge calls none (tool_choice must allow that).")
+    tool_choice: str | dict[str, Any] | None = Field(None, description="none or auto: the judge answers in text.")
+    functions: list[Any] | None = Field(None, description="Deprecated by OpenAI; as tools.")
+    function_call: str | dict[str, Any] | None = Field(None, description="Deprecated by OpenAI; none or auto.")
+    modalities: list[str] | None = Field(None, description="Only text: the judgement is text.")
+    audio: dict[str, Any] | None = Field(None, description="Refused: the judgement is text.")
+    # Accepted, ignored (logged once): sampling the judge does its own way, and bookkeeping.
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description="Ignored (logged): the judge samples a ladder; set egrm.temperatures."
     )
@@ -76,8 +95,25 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = Field(None, description="Ignored (logged).")
     logprobs: bool | None = Field(None, description="Ignored (logged); the reward is the judge's probability.")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Ignored (logged).")
-    user: str | None = Field(None, description="Ignored.")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Ignored (logged).")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Ignored (logged).")
+    logit_bias: dict[str, float] | None = Field(None, description="Ignored (logged).")
+    parallel_tool_calls: bool | None = Field(None, description="Ignored.")
+    prediction: dict[str, Any] | None = Field(None, description="Ignored (logged).")
+    reasoning_effort: str | None = Field(
+        None, description="Ignored (logged): the route decides when the judge reasons."
+    )
+    verbosity: str | None = Field(None, description="Ignored (logged).")
+    web_search_options: dict[str, Any] | None = Field(None, description="Ignored (logged): the judge does not search.")
+    moderation: Any = Field(None, description="Ignored (logged).")
+    service_tier: str | None = Field(None, description="Ignored.")
+    store: bool | None = Field(None, description="Ignored: nothing is stored.")
     metadata: dict[str, str] | None = Field(None, description="Ignored.")
+    user: str | None = Field(None, description="Ignored.")
+    safety_identifier: str | None = Field(None, description="Ignored.")
+    prompt_cache_key: str | None = Field(None, description="Ignored: the prefix cache is egrm's own.")
+    prompt_cache_options: dict[str, Any] | None = Field(None, description="Ignored.")
+    prompt_cache_retention: str | None = Field(None, description="Ignored.")
     egrm: RewardOptions | None = Field(
         None, description="egrm's own options (m, temperatures, tau, path, template, ...); SDK: extra_body."
     )

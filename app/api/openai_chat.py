@@ -9,6 +9,7 @@ and its details ride in the extra top-level field `egrm`.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -36,6 +37,7 @@ from app.chat_text import Turn, transcript
 from app.pipeline.types import ItemResult, JudgeItem
 from app.protocol import ErrorResponse, RewardOptions
 from app.protocol_openai import (
+    INT64,
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -90,20 +92,48 @@ IGNORED = {
     "stop": "the judgement is a few tokens",
     "logprobs": "the reward (egrm.reward) is the judge's probability",
     "top_logprobs": "the reward (egrm.reward) is the judge's probability",
+    "frequency_penalty": "the judge's samples follow the method's sampling (temperature ladder, top_p)",
+    "presence_penalty": "the judge's samples follow the method's sampling (temperature ladder, top_p)",
+    "logit_bias": "the judge's samples follow the method's sampling (temperature ladder, top_p)",
+    "prediction": "the judgement is a few tokens",
+    "reasoning_effort": "the route decides when the judge reasons (egrm.path, egrm.tau)",
+    "verbosity": "the judgement is a few tokens",
+    "web_search_options": "the judge does not search",
+    "moderation": "the judgement is not moderated",
 }
 _warned: set[str] = set()  # the ignored parameters already logged
 
 
+def refused(body: ChatCompletionRequest) -> tuple[str, str] | None:
+    """(parameter, why) when accepting the request would mislead: it asks for what a judgement
+    cannot be (several choices, JSON, a tool call, audio)."""
+    response_type = (body.response_format or {}).get("type", "text")
+    forced_tool = body.tool_choice not in (None, "none", "auto") or body.function_call not in (None, "none", "auto")
+    if body.n not in (None, 1):
+        return "n", "egrm returns one judgement per request; the judge's samples are egrm.m"
+    if response_type != "text":
+        return "response_format", f"the judgement is text ({response_type!r} asked); read it from egrm"
+    if forced_tool:
+        name = "tool_choice" if body.tool_choice not in (None, "none", "auto") else "function_call"
+        return name, "the judge calls no tool: only 'none' or 'auto'"
+    if body.audio is not None or (body.modalities is not None and set(body.modalities) != {"text"}):
+        return ("audio" if body.audio is not None else "modalities"), "the judgement is text only"
+    return None
+
+
 def chat_options(body: ChatCompletionRequest) -> RewardOptions:
     """egrm's options from the request; OpenAI's own parameters mapped, ignored, or refused naming the field."""
-    if body.n not in (None, 1):
-        raise ApiError(422, "n: egrm returns one judgement per request; the judge's samples are egrm.m", "n")
+    refusal = refused(body)
+    if refusal is not None:
+        raise ApiError(422, f"{refusal[0]}: {refusal[1]}", refusal[0])
     for name, why in IGNORED.items():
         if getattr(body, name) is not None and name not in _warned:
             _warned.add(name)
             log.warning("/v1/chat/completions: '%s' is accepted and ignored (logged once): %s", name, why)
     options = body.egrm or RewardOptions()
-    mapped = {"top_p": body.top_p, "seed": body.seed}
+    # OpenAI's seed is any int64; egrm's is >= 0: the same seed always maps to the same one.
+    seed = None if body.seed is None else body.seed % INT64
+    mapped = {"top_p": body.top_p, "seed": seed}
     for name, value in mapped.items():
         if value is not None and getattr(options, name) is not None:
             raise ApiError(422, f"{name}: given twice, as {name} and egrm.{name}; give one", name)
@@ -184,13 +214,15 @@ async def chat_completions(
         egrm=verdict,
     )
     if body.stream:
-        return StreamingResponse(_events(completion), media_type="text/event-stream")
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_events(completion, include_usage), media_type="text/event-stream")
     return completion
 
 
-def _events(completion: ChatCompletionResponse) -> Iterator[str]:
-    """The judgement as OpenAI streams a completion: the content in one chunk, the finish (with the
-    judgement in `egrm`), the usage on a chunk with no choices, then [DONE]. The judgement is
+def _events(completion: ChatCompletionResponse, include_usage: bool) -> Iterator[str]:
+    """The judgement as OpenAI streams a completion: the content in one chunk, then the finish
+    (with the judgement in `egrm`), then, only with stream_options.include_usage, a chunk with no
+    choices and the usage (the others then carry "usage": null), then [DONE]. The judgement is
     complete before the first event, so an error is still a plain JSON error response."""
     head = {"id": completion.id, "created": completion.created, "model": completion.model}
     content = ChunkDelta(role="assistant", content=completion.choices[0].message.content)
@@ -199,8 +231,12 @@ def _events(completion: ChatCompletionResponse) -> Iterator[str]:
         ChatCompletionChunk(
             **head, choices=[ChunkChoice(delta=ChunkDelta(), finish_reason="stop")], egrm=completion.egrm
         ),
-        ChatCompletionChunk(**head, choices=[], usage=completion.usage),
     ]
+    if include_usage:
+        chunks.append(ChatCompletionChunk(**head, choices=[], usage=completion.usage))
     for chunk in chunks:
-        yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        event = chunk.model_dump(mode="json", exclude_none=True)
+        if include_usage:
+            event.setdefault("usage", None)
+        yield f"data: {json.dumps(event)}\n\n"
     yield "data: [DONE]\n\n"

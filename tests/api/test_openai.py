@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -19,6 +20,7 @@ from tests.live import serve
 pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
 SHORT = {"egrm": {"path": "short", "seed": 3}}
 
 
@@ -147,7 +149,12 @@ def test_async_client(url):
             "invalid_value",
         ),
         ({"messages": [{"role": "wizard", "content": "x"}, *QUESTION]}, 400, "messages[0].role", "invalid_value"),
-        ({"extra_body": {"logit_bias": {"1": 2}}}, 400, "logit_bias", "unknown_parameter"),
+        ({"extra_body": {"frobnicate": 1}}, 400, "frobnicate", "unknown_parameter"),
+        # Accepting these would mislead: they ask for what a judgement cannot be.
+        ({"response_format": {"type": "json_object"}}, 400, "response_format", "invalid_value"),
+        ({"tools": [TOOL], "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
+        ({"modalities": ["text", "audio"]}, 400, "modalities", "invalid_value"),
+        ({"seed": 2**63}, 400, "seed", "invalid_value"),
     ],
 )
 def test_refusals_are_openais_400_naming_the_field_in_the_sdk_error(client, kwargs, status, param, code):
@@ -159,27 +166,85 @@ def test_refusals_are_openais_400_naming_the_field_in_the_sdk_error(client, kwar
     assert err.value.type == ("not_found_error" if status == 404 else "invalid_request_error")
 
 
-def test_the_parameters_sdks_send_are_accepted(client):
-    """veRL's GenRM helper and SDK defaults send these; seed maps, the others are ignored and logged."""
-    sent = {
-        "temperature": 0.0,
-        "top_p": 0.9,
-        "max_tokens": 8,
-        "max_completion_tokens": 8,
-        "n": 1,
-        "seed": 3,
-        "stop": ["\n"],
-        "user": "trainer-7",
-        "metadata": {"run": "ppo"},
-        "logprobs": False,
-    }
+# A value for every parameter of the SDK's Chat Completions create, as a client would send it.
+EVERY_PARAMETER = {
+    "audio": None,  # refused when set (the judgement is text): see the refusals above
+    "frequency_penalty": 0.5,
+    "function_call": "auto",
+    "functions": [TOOL["function"]],
+    "logit_bias": {"50256": -100},
+    "logprobs": True,
+    "max_completion_tokens": 64,
+    "max_tokens": 64,
+    "metadata": {"run": "grpo-7"},
+    "modalities": ["text"],
+    "moderation": None,
+    "n": 1,
+    "parallel_tool_calls": False,
+    "prediction": {"type": "content", "content": "Yes"},
+    "presence_penalty": -0.5,
+    "prompt_cache_key": "judge",
+    "prompt_cache_options": None,
+    "prompt_cache_retention": "24h",
+    "reasoning_effort": "low",
+    "response_format": {"type": "text"},
+    "safety_identifier": "user-1",
+    "seed": -(2**63),  # OpenAI's seed is any int64
+    "service_tier": "auto",
+    "stop": ["\n"],
+    "store": False,
+    "stream": False,
+    "stream_options": None,
+    "temperature": 0.2,
+    "tool_choice": "auto",
+    "tools": [TOOL],
+    "top_logprobs": 3,
+    "top_p": 0.9,
+    "user": "trainer-7",
+    "verbosity": "low",
+    "web_search_options": {},
+}
+
+
+def test_every_parameter_of_the_sdks_create_is_accepted(client):
+    """Read from the installed SDK: a parameter OpenAI adds fails here until it is placed."""
+    import inspect
+
+    from openai.resources.chat.completions import Completions
+
+    request_options = {"self", "messages", "model", "extra_headers", "extra_query", "extra_body", "timeout"}
+    sdk = set(inspect.signature(Completions.create).parameters) - request_options
+    assert sdk <= set(EVERY_PARAMETER), f"Chat Completions parameters to place: {sorted(sdk - set(EVERY_PARAMETER))}"
+    sent = {k: v for k, v in EVERY_PARAMETER.items() if k in sdk and v is not None}
     a = client.chat.completions.create(model="egrm", messages=QUESTION, **sent)
-    b = client.chat.completions.create(model="egrm", messages=QUESTION, seed=3, top_p=0.9)
+    b = client.chat.completions.create(model="egrm", messages=QUESTION, seed=-(2**63), top_p=0.9)
     assert a.choices[0].message.content == b.choices[0].message.content
-    assert a.model_extra["egrm"]["reward"] == b.model_extra["egrm"]["reward"]  # the seed reached the judge
+    assert a.model_extra["egrm"]["reward"] == b.model_extra["egrm"]["reward"]  # seed and top_p reached the judge
+    assert a.choices[0].logprobs is None  # accepted, ignored: the reward is the judge's probability
 
 
-def test_stream_true_answers_server_sent_events_the_sdk_reads(client, url):
+def test_the_sdks_own_streaming_loops(client):
+    """The loops openai-python's docs write: content from every chunk's first choice (no usage
+    chunk unless asked), and with include_usage the usage on a last chunk without choices."""
+    whole = client.chat.completions.create(model="egrm", messages=QUESTION, extra_body=SHORT)
+    stream = client.chat.completions.create(model="egrm", messages=QUESTION, stream=True, extra_body=SHORT)
+    text = ""
+    for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        assert chunk.usage is None
+    assert text == whole.choices[0].message.content
+    stream = client.chat.completions.create(
+        model="egrm", messages=QUESTION, stream=True, stream_options={"include_usage": True}, extra_body=SHORT
+    )
+    chunks = list(stream)
+    assert [c.usage is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    with client.chat.completions.stream(model="egrm", messages=QUESTION, extra_body=SHORT) as helper:
+        final = helper.get_final_completion()
+    assert final.choices[0].message.content == whole.choices[0].message.content
+
+
+def test_stream_true_answers_server_sent_events_as_openai_sends_them(client, url):
     chunks = list(
         client.chat.completions.create(
             model="egrm", messages=QUESTION, stream=True, stream_options={"include_usage": True}, extra_body=SHORT
@@ -191,9 +256,14 @@ def test_stream_true_answers_server_sent_events_the_sdk_reads(client, url):
     assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, "stop"]
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
     assert chunks[1].model_extra["egrm"]["reward"] == whole.model_extra["egrm"]["reward"]
-    raw = httpx.post(f"{url}/v1/chat/completions", json={"model": "egrm", "messages": QUESTION, "stream": True})
+    body = {"model": "egrm", "messages": QUESTION, "stream": True, "egrm": SHORT["egrm"]}
+    raw = httpx.post(f"{url}/v1/chat/completions", json=body)
     assert raw.headers["content-type"].startswith("text/event-stream")
-    assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 4
+    assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 3  # no usage chunk
+    assert '"usage"' not in raw.text
+    with_usage = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}})
+    events = [json.loads(line[6:]) for line in with_usage.text.splitlines() if line.startswith("data: {")]
+    assert [e["usage"] is None for e in events] == [True, True, False]  # "usage": null, then the usage
 
 
 def test_a_prompt_over_the_token_limit_names_messages(engine):
