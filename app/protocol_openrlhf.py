@@ -10,6 +10,8 @@ openrlhf/cli/serve_rm.py (the reference server: {"rewards", "scores", "extra_log
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.protocol import RewardOptions, Text
@@ -24,8 +26,10 @@ class GetRewardRequest(BaseModel):
     prompts: list[Text] | None = Field(
         None, description="The prompt of each query (a prefix of it); absent: the whole query is the response."
     )
-    labels: list[Text | int | float | None] | None = Field(
-        None, description="Ground truth per query (--label_key); shown to the judge as the reference answer."
+    labels: list[Any] | None = Field(
+        None,
+        description="Ground truth per query (--label_key), any JSON value as OpenRLHF passes its dataset's: "
+        "one that reads as a number decides by itself; any other is shown to the judge as the reference.",
     )
     egrm: RewardOptions | None = Field(None, description="egrm's own options (m, tau, path, template, ...).")
 

@@ -7,7 +7,9 @@ posts {"query", "prompts", "labels"} one query at a time and reads "rewards", "s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -16,7 +18,7 @@ from app.api.errors import ApiError
 from app.api.scoring import ERROR_RESPONSES, check_item_count, raise_item_errors, resolve_options, score_items
 from app.chat_text import split_query
 from app.pipeline.types import ItemResult, JudgeItem, Route
-from app.protocol import RewardOptions
+from app.protocol import RewardOptions, unicode_text
 from app.protocol_openrlhf import GetRewardRequest, GetRewardResponse
 
 router = APIRouter()
@@ -36,10 +38,33 @@ def judge_items(body: GetRewardRequest) -> list[JudgeItem]:
     items = []
     for i, query in enumerate(body.query):
         split = split_query(query, body.prompts[i] if body.prompts is not None else None)
-        label = body.labels[i] if body.labels is not None else None
-        reference = None if label is None or label == "" else str(label)
+        reference = label_text(body.labels[i]) if body.labels is not None else None
         items.append(JudgeItem(prompt=split.prompt, response=split.response, reference=reference))
     return items
+
+
+# Where a dataset's label is an object, the keys its answer is most often under.
+_ANSWER_KEYS = ("answer", "ground_truth", "reference", "solution", "label", "target")
+
+
+def label_text(label: Any) -> str | None:
+    """A label as the reference: OpenRLHF passes its dataset's value through, any JSON type
+    (prompts_dataset.py: data[label_key]). A scalar is its text; an object its answer under a
+    usual key, else its JSON; a list of one its item, else its JSON; null, "" and text that is
+    not valid Unicode are no reference. Never a refusal: the trainer would drop the reward."""
+    if isinstance(label, dict):
+        answer = next((label[k] for k in _ANSWER_KEYS if isinstance(label.get(k), str | int | float)), None)
+        return label_text(answer) if answer is not None else json.dumps(label, ensure_ascii=False)
+    if isinstance(label, list):
+        return label_text(label[0]) if len(label) == 1 else json.dumps(label, ensure_ascii=False)
+    if label is None or label == "":
+        return None
+    text = str(label)
+    try:
+        unicode_text(text)
+    except ValueError:
+        return None
+    return text
 
 
 # What OpenRLHF logs per query beside the reward.

@@ -211,3 +211,32 @@ def test_a_rollout_burst_of_256_one_query_posts_all_get_rewards(engine):
     rewards = [r.json()["rewards"][0] for r in answers]
     right, wrong = rewards[0::2], rewards[1::2]
     assert sum(right) / 128 > sum(wrong) / 128 + 0.5  # and they mean something: right answers score higher
+
+
+def test_labels_of_any_json_type_are_taken_never_refused(url):
+    """OpenRLHF passes its dataset's label through as any JSON value: one that reads as a number
+    decides, any other reaches the judge as text; none is a 422 (the trainer would drop the reward)."""
+    labels = [{"answer": "4"}, ["4"], 4.0, {"rubric": "digits or words"}, [3, 4], True, None, ""]
+    body = {"query": QUERIES[:1] * len(labels), "prompts": PROMPTS[:1] * len(labels), "labels": labels}
+    r = post(url, {**body, "egrm": {"path": "short", "seed": 1}})
+    assert r.status_code == 200, r.text
+    rewards, verdicts = r.json()["rewards"], r.json()["extra_logs"]["egrm_verdict"]
+    assert rewards[:3] == [1.0, 1.0, 1.0] and verdicts[:3] == [1.0, 1.0, 1.0]  # "4" decided, no model call
+    assert all(0.0 <= x <= 1.0 for x in rewards[3:])
+
+
+def test_label_text():
+    from app.api.openrlhf import label_text
+
+    assert [label_text(x) for x in ("42", 42, 4.5, True, None, "", ["7"], {"ground_truth": 9})] == [
+        "42",
+        "42",
+        "4.5",
+        "True",
+        None,
+        None,
+        "7",
+        "9",
+    ]
+    assert label_text({"rubric": "full marks for 4"}) == '{"rubric": "full marks for 4"}'
+    assert label_text([1, 2]) == "[1, 2]" and label_text("\ud800") is None
