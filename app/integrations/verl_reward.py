@@ -1,17 +1,19 @@
 """veRL custom reward functions that ask a running egrm service for E-GRM judgements.
 
 veRL loads this file by path (verl/trainer/ppo/reward.py, get_custom_reward_fn: the config's
-reward.custom_reward_function.path, .name, and .reward_kwargs passed to every call; an
-`async def` function is awaited):
+reward.custom_reward_function.path, .name, and .reward_kwargs merged into every call, overriding
+its keywords; an `async def` function is awaited):
 
+    reward.reward_manager.name=naive  # today's registry: naive, dapo, gdpo, rate_limited, remote
     reward.custom_reward_function.path=<site-packages>/app/integrations/verl_reward.py
-    reward.custom_reward_function.name=compute_score_async  # reward.reward_manager.name=naive: one item a call
-    reward.custom_reward_function.name=compute_score_batch  # reward.reward_manager.name=batch
+    reward.custom_reward_function.name=compute_score_async
     +reward.custom_reward_function.reward_kwargs.url=http://127.0.0.1:8000
 
-The signatures are those veRL's reward managers call (verl/experimental/reward_loop/reward_manager/
-naive.py: data_source, solution_str, ground_truth, extra_info; batch.py: data_sources,
-solution_strs, ground_truths, extra_infos). With reward_kwargs details=true each returns a dict
+The signatures are those veRL's reward managers call (verl-project/verl 1dda039,
+verl/experimental/reward_loop/reward_manager/naive.py: data_source, solution_str, ground_truth,
+extra_info, and reward_router_address, reward_model_tokenizer when veRL serves a reward model
+behind a router; the legacy verl/workers/reward_manager/batch.py, which today's config no longer
+accepts: data_sources, solution_strs, ground_truths, extra_infos). With reward_kwargs details=true each returns a dict
 ({"score", "reward", "consensus", "route"}) that veRL logs as reward_extra_info. veRL does not
 pass the prompt: it is read from extra_info["question"] (what veRL's gsm8k preprocessing stores)
 or extra_info["prompt"] (a string, chat-formatted or not, or chat messages). The ground truth is
@@ -45,12 +47,13 @@ def compute_score(
     api_key: str | None = None,
     options: Mapping[str, Any] | None = None,
     details: bool = False,
+    reward_router_address: str | None = None,
     **_: Any,
 ) -> float | dict[str, Any]:
     """The reward in [0, 1] for one response (veRL's naive manager form); with details=True a dict
     veRL logs as reward_extra_info (its "score" is the reward)."""
     item = _item(0, solution_str, ground_truth, extra_info)
-    (result,) = _sync_client(_url(url), _key(api_key)).score([item], options)
+    (result,) = _sync_client(_url(url, reward_router_address), _key(api_key)).score([item], options)
     return _out(0, result, details)
 
 
@@ -64,13 +67,14 @@ async def compute_score_async(
     api_key: str | None = None,
     options: Mapping[str, Any] | None = None,
     details: bool = False,
+    reward_router_address: str | None = None,
     **_: Any,
 ) -> float | dict[str, Any]:
     """compute_score as a coroutine: veRL's reward loop awaits an `async def` reward function
     (inspect.iscoroutinefunction in verl/trainer/ppo/reward.py and its reward managers), so
     thousands of items are in flight on one event loop instead of one thread each."""
     item = _item(0, solution_str, ground_truth, extra_info)
-    async with AsyncEgrmClient(_url(url), api_key=_key(api_key)) as client:
+    async with AsyncEgrmClient(_url(url, reward_router_address), api_key=_key(api_key)) as client:
         (result,) = await client.score([item], options)
     return _out(0, result, details)
 
@@ -141,8 +145,15 @@ def _out(i: int, result: RewardResult, details: bool) -> float | dict[str, Any]:
     return _details(i, result) if details else _reward(i, result)
 
 
-def _url(url: str | None) -> str:
-    return url or os.environ.get("EGRM_URL", DEFAULT_URL)
+def _url(url: str | None, router_address: str | None = None) -> str:
+    """Where egrm answers: the url of reward_kwargs, else the reward router veRL passes (its
+    naive manager sends reward_router_address when it serves the reward model behind a router:
+    there, egrm), else EGRM_URL, else the default. veRL gives the router as host:port."""
+    if url:
+        return url
+    if router_address:
+        return router_address if "://" in router_address else f"http://{router_address}"
+    return os.environ.get("EGRM_URL", DEFAULT_URL)
 
 
 def _key(api_key: str | None) -> str | None:

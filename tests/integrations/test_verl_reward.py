@@ -31,23 +31,75 @@ def url(engine) -> Iterator[str]:
         yield base
 
 
+# veRL cannot be imported here: `import verl` imports ray, tensordict and torch.distributed
+# (verl/__init__.py -> protocol.py), and verl's setup.py pins transformers<5.11 beside this
+# project's 5.x. So the calls below are veRL's, copied from verl-project/verl at 1dda039
+# (2026-08-22): verl/trainer/ppo/reward.py get_custom_reward_fn and
+# verl/experimental/reward_loop/reward_manager/naive.py run_single.
+VERL_COMMIT = "1dda039b9c6311889a9c9a26040677e1254814f9"
+# verl/experimental/reward_loop/reward_manager/registry.py REWARD_MANAGER at that commit (its
+# __init__.py registers these); verl/workers/config/reward.py RewardManagerConfig.__post_init__
+# asserts the configured name is one of them.
+REGISTERED_MANAGERS = frozenset({"dapo", "gdpo", "naive", "rate_limited", "remote"})
+
+
 def load_like_verl(name: str, reward_kwargs: dict):
-    """verl/trainer/ppo/reward.py get_custom_reward_fn: import the file by path, wrap with reward_kwargs."""
+    """get_custom_reward_fn: import the file by path, wrap with reward_kwargs (which override the
+    call's own keywords: merged_kwargs = {**kwargs, **extra_kwargs}); a coroutine stays one."""
     spec = importlib.util.spec_from_file_location("custom_module", Path(verl_reward.__file__))
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     raw_fn = getattr(module, name)
 
+    if inspect.iscoroutinefunction(raw_fn):
+
+        async def wrapped_async(*args, **kwargs):
+            return await raw_fn(*args, **{**kwargs, **reward_kwargs})
+
+        return wrapped_async
+
     def wrapped_fn(*args, **kwargs):
-        return raw_fn(*args, **kwargs, **reward_kwargs)
+        return raw_fn(*args, **{**kwargs, **reward_kwargs})
 
     return wrapped_fn
 
 
+def test_the_readme_config_names_a_manager_todays_verl_accepts():
+    import re
+
+    import yaml
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = re.search(r"## veRL\n.*?```yaml\n(.*?)```", readme, re.S)
+    assert block, "README's veRL section shows its config"
+    config = yaml.safe_load(block.group(1))["reward"]
+    assert config["reward_manager"]["name"] in REGISTERED_MANAGERS
+    assert config["custom_reward_function"]["name"] == "compute_score_async"  # naive awaits a coroutine
+    assert inspect.iscoroutinefunction(getattr(verl_reward, config["custom_reward_function"]["name"]))
+
+
+def test_the_naive_managers_call_with_a_reward_router(url):
+    """naive.py run_single, when veRL serves the reward model behind a router: two more keywords,
+    the router's address as host:port; without reward_kwargs.url it is where egrm answers."""
+    compute_score = load_like_verl("compute_score_async", {"options": {"path": "short", "seed": 1}})
+    host_port = url.removeprefix("http://")
+    score = asyncio.run(
+        compute_score(
+            data_source="openai/gsm8k",
+            solution_str="4",
+            ground_truth="4",
+            extra_info={"split": "train", "index": 0, "question": "What is 2+2?", "num_turns": 2},
+            reward_router_address=host_port,
+            reward_model_tokenizer=object(),
+        )
+    )
+    assert score == 1.0
+
+
 def test_naive_manager_form(url):
     compute_score = load_like_verl("compute_score", {"url": url, "options": {"path": "short", "seed": 1}})
-    # NaiveRewardManager's call (verl/workers/reward_manager/naive.py).
+    # The naive manager's call (reward_manager/naive.py run_single, a sync function in an executor).
     score = compute_score(
         data_source="openai/gsm8k",
         solution_str="4",
@@ -61,7 +113,8 @@ def test_batch_manager_form(url):
     compute_score_batch = load_like_verl(
         "compute_score_batch", {"url": url, "options": {"path": "short"}, "batch_size": 2, "concurrency": 2}
     )
-    # BatchRewardManager's call (verl/workers/reward_manager/batch.py): non-tensor batch fields are numpy arrays.
+    # The legacy BatchRewardManager's call (verl/workers/reward_manager/batch.py; veRL releases whose
+    # config still took `batch`): non-tensor batch fields are numpy arrays.
     scores = compute_score_batch(
         data_sources=np.array(["gsm8k"] * 3, dtype=object),
         solution_strs=SOLUTIONS,
