@@ -27,7 +27,6 @@ from app.gpu_sampler import GpuSampler
 from app.main import create_app
 from app.metrics import Metrics
 from app.pipeline.sharing import SharingStats
-from app.protocol import MAX_M
 from tests.test_gpu_sampler import FakeNvml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,11 +299,14 @@ def test_sglang_runtimes_behind_the_cache_aware_router():
     assert wc["resources"]["limits"]["nvidia.com/gpu"] == 1
     port = int(flag(wc["command"], "--port"))
     assert k8s("Service", workers["spec"]["serviceName"])["spec"]["clusterIP"] == "None"  # per-pod DNS
-    router = container(k8s("Deployment", "sglang-router"))["command"]
-    assert router[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    pod = container(k8s("Deployment", "sglang-router"))
+    # smg (smg-project/smg f8daa88): the image's entrypoint is `python3 -m smg.launch_router`.
+    assert pod["image"].startswith("lightseekorg/smg:") and "command" not in pod
+    router = pod["args"]
     assert flag(router, "--policy") == "cache_aware"
-    # The routing text of a batch of M copies of a prompt matches its warm-up by just under 1/M.
-    assert float(flag(router, "--cache-threshold")) < 1 / MAX_M
+    # A batch routes on its first prompt's tokens: it matches its warm-up whole, and a long-path
+    # continuation matches its prompt's worker by over 3/4 (see the manifest's comment).
+    assert 0 < float(flag(router, "--cache-threshold")) < 0.75
     start = router.index("--worker-urls") + 1
     urls = router[start : start + workers["spec"]["replicas"] + 1]
     assert urls[:-1] == [
@@ -498,7 +500,7 @@ def test_every_exporter_the_dashboard_reads_is_a_scraped_pod_in_kubernetes():
         annotations = pod["metadata"]["annotations"]
         ports = {p["containerPort"] for p in container({"spec": {"template": pod}})["ports"]}
         assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) in ports, name
-    router = container(k8s("Deployment", "sglang-router"))["command"]
+    router = container(k8s("Deployment", "sglang-router"))["args"]
     annotations = k8s("Deployment", "sglang-router")["spec"]["template"]["metadata"]["annotations"]
     assert flag(router, "--prometheus-port") == annotations["prometheus.io/port"]
     assert flag(router, "--prometheus-host") == "0.0.0.0"  # some releases default to 127.0.0.1
