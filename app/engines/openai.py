@@ -91,7 +91,13 @@ class OpenAIEngine(CompletionsEngine):
             body["stop"] = list(p.stop)
         if p.seed is not None:
             body["seed"] = p.seed
+        # The method samples with a temperature and top_p and nothing else. OpenAI's own penalties
+        # default to 0 everywhere; vLLM also takes top_k, min_p and repetition_penalty from the
+        # model's generation_config.json when a request leaves them out (--generation-config auto,
+        # its default: vllm/config/model.py get_diff_sampling_param), so they are sent neutral.
+        body |= {"frequency_penalty": 0.0, "presence_penalty": 0.0}
         if self.dialect != "openai":
+            body |= {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
             if p.ignore_eos:
                 body["ignore_eos"] = True
             if p.allowed is not None:

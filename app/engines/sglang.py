@@ -63,9 +63,22 @@ class _Output:
     logprobs: list[float]
 
 
+# The method samples with a temperature and top_p and nothing else: every other filter and penalty
+# is sent at its neutral value, so neither --preferred-sampling-params nor a model's
+# generation_config.json (applied on SGLang's chat route with --sampling-defaults model, and named
+# by its docs for /generate too) can change the judge's samples. sampling_params.py: top_k -1 is
+# "all" (0 is refused), min_p 0 and the penalties 0 / 1.0 are off.
+NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
 def sampling_params(p: BranchParams) -> dict[str, Any]:
     """One branch's SamplingParams dict; temperature 0 is greedy in SGLang too."""
-    params: dict[str, Any] = {"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens}
+    params: dict[str, Any] = {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        **NEUTRAL,
+        "max_new_tokens": p.max_new_tokens,
+    }
     if p.stop:
         params["stop"] = list(p.stop)
     if p.allowed is not None:

@@ -45,7 +45,10 @@ from app.pipeline.templates import JUDGE
 # The GenerateReqInput and SamplingParams fields this stub understands; anything else is refused,
 # as the real runtime refuses fields it does not know.
 _REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid", "stream"}
-_SAMPLING_FIELDS = {"temperature", "top_p", "max_new_tokens", "stop", "regex", "sampling_seed", "ignore_eos"}
+_SAMPLING_FIELDS = {
+    *("temperature", "top_p", "max_new_tokens", "stop", "regex", "sampling_seed", "ignore_eos"),
+    *("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"),
+}
 
 # What a branch continued with the reasoning cue writes: working that ends on its result.
 REASONING = "12+30=10+30+2+0=40+2=42."

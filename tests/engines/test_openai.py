@@ -75,6 +75,8 @@ def test_each_temperature_is_its_own_call_with_standard_fields_only(server, tok)
             "n": 1,
             "logprobs": 1,
             "seed": 7 + i,
+            "frequency_penalty": 0.0,  # sent neutral: no server default may change the method's sampling
+            "presence_penalty": 0.0,
         }
         for i, (t, r) in enumerate(zip(LADDER, by_temperature, strict=True))
     )
@@ -109,6 +111,8 @@ def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, fiel
     sent = stub.requests[-1]
     assert sent[field] == ({"regex": " ?(Yes|No)"} if dialect == "vllm" else " ?(Yes|No)")
     assert sent.get("return_token_ids") is (True if dialect == "vllm" else None)
+    # vLLM fills what a request leaves out from the model's generation_config.json: pinned neutral.
+    assert (sent["top_k"], sent["min_p"], sent["repetition_penalty"]) == (-1, 0.0, 1.0)
     assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from app.engines.base import BackendRejectedError, BranchParams, EngineUnavailableError, FinishReason
 from app.engines.remote.answers import answers_regex
-from app.engines.sglang import SGLangEngine
+from app.engines.sglang import NEUTRAL, SGLangEngine
 from app.pipeline.service import RewardPipeline
 from app.pipeline.templates import JUDGE
 from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
@@ -81,7 +81,15 @@ def test_sample_warms_the_prefix_then_sends_all_branches_in_one_call(runtime, to
     assert batch["return_logprob"] is True and batch["logprob_start_len"] == [len(ids) - 1] * 5
     assert [p["temperature"] for p in batch["sampling_params"]] == LADDER
     assert all(
-        p == {"temperature": t, "top_p": 0.95, "max_new_tokens": 4, "regex": " ?(Yes|No)", "sampling_seed": 7 + i}
+        p
+        == {
+            "temperature": t,
+            "top_p": 0.95,
+            **NEUTRAL,
+            "max_new_tokens": 4,
+            "regex": " ?(Yes|No)",
+            "sampling_seed": 7 + i,
+        }
         for i, (t, p) in enumerate(zip(LADDER, batch["sampling_params"], strict=True))
     )
     assert [b.text for b in branches] == [" Yes"] * 5
