@@ -77,12 +77,14 @@ def _scorer(args: argparse.Namespace) -> int:
 
 
 def _fetch_model(args: argparse.Namespace) -> int:
-    from app.engines.embedded.fetch import fetch_model
+    from app.engines.embedded.fetch import DEFAULT_MODEL, SOURCES, fetch_model
     from app.main import judge_model_path
 
     settings = load_settings()
-    fetch_model(settings.cache_dir)
-    print(judge_model_path(settings))  # the judge adapter merged in (once), where it applies
+    source = SOURCES[args.name]
+    folder = fetch_model(settings.cache_dir, source)
+    # The default: the judge adapter merged in (once). Another model: its folder, as fetched.
+    print(judge_model_path(settings) if source is DEFAULT_MODEL else folder)
     return 0
 
 
@@ -236,6 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser(
         "fetch-model", help="download and convert the default model, merge the judge adapter (idempotent)"
     )
+    fetch.add_argument(
+        "name",
+        nargs="?",
+        default="smollm2-135m-instruct",
+        choices=["smollm2-135m-instruct", "gemma-3-270m"],
+        help="the default judge, or Gemma 3 270M (a base model of another family, no chat template: the tests "
+        "serve it with EGRM_CHAT_TEMPLATE=gemma)",
+    )
     fetch.set_defaults(func=_fetch_model)
     ev = sub.add_parser("eval", help="accuracy, routing and latency on a labelled set (routed, short, long)")
     ev.add_argument(
@@ -342,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: the readiness checks alone (engine and scorer, every 2 s)
+    # buried the log. Its failures still reach us as exceptions; the monitor logs what changes.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

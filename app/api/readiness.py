@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from app.engines.base import Engine
 from app.scorer.base import Scorer
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 2.0  # how often the engine and the scorer are asked
 TIMEOUT_S = 1.0  # how long one answer may take
@@ -33,6 +36,10 @@ async def _answers(check: Awaitable[bool]) -> bool:
         return False
 
 
+def _word(ready: bool) -> str:
+    return "ready" if ready else "NOT ready"
+
+
 class ReadinessMonitor:
     def __init__(self, engine: Engine, scorer: Scorer):
         self._engine, self._scorer = engine, scorer
@@ -46,7 +53,10 @@ class ReadinessMonitor:
 
     async def check(self) -> None:
         engine, scorer = await asyncio.gather(_answers(self._engine.ready()), _answers(self._scorer.ready()))
-        self.state = ReadyState(engine, scorer)
+        state = ReadyState(engine, scorer)
+        if state != self.state:  # a change is news; the same answer every INTERVAL_S is not
+            log.info("readiness: engine %s, scorer %s", _word(engine), _word(scorer))
+        self.state = state
 
     async def _watch(self) -> None:
         while True:
