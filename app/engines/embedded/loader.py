@@ -46,8 +46,11 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
 
 
-def load_model(path: str | Path, dtype: str = "auto", threads: int = 0, device: str = "cpu") -> LoadedModel:
-    """device: "cpu", or "cuda" for the embedded engine on a GPU (when there is no SGLang)."""
+def load_model(
+    path: str | Path, dtype: str = "auto", threads: int = 0, device: str = "cpu", chat_template: str | None = None
+) -> LoadedModel:
+    """device: "cpu", or "cuda" for the embedded engine on a GPU (when there is no SGLang);
+    chat_template: replaces the model's own (EGRM_CHAT_TEMPLATE)."""
     path = Path(path).expanduser()
     if threads > 0:
         torch.set_num_threads(threads)
@@ -59,6 +62,8 @@ def load_model(path: str | Path, dtype: str = "auto", threads: int = 0, device: 
     if path.suffix == ".gguf":
         folder, kwargs["gguf_file"] = path.parent, path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if path.suffix == ".gguf":
         model.hf_quantizer = None  # type: ignore[assignment]  # dequantised on load; serve it as a plain model

@@ -58,14 +58,17 @@ class LocalTokenizer:
 
 
 @lru_cache(maxsize=4)
-def load_tokenizer(path: str | Path) -> LocalTokenizer:
-    """Cached: apps in one process (tests, a reloading server) share one tokenizer per folder."""
+def load_tokenizer(path: str | Path, chat_template: str | None = None) -> LocalTokenizer:
+    """Cached: apps in one process (tests, a reloading server) share one tokenizer per folder.
+    chat_template: replaces the model's own (EGRM_CHAT_TEMPLATE)."""
     path = Path(path).expanduser()
     kwargs = {}
     folder = path
     if path.suffix == ".gguf":
         folder, kwargs = path.parent, {"gguf_file": path.name}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
     try:
         config = AutoConfig.from_pretrained(folder, **kwargs)
     except (OSError, ValueError):  # a tokenizer-only folder: the backend checks the context
