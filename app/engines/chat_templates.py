@@ -59,10 +59,49 @@ def model_has_template(path: Path) -> bool:
     """Whether the model at path (a Hugging Face folder or a .gguf file) brings a chat template,
     read from its files without loading it."""
     if path.suffix == ".gguf":
-        from gguf import GGUFReader
-
-        return "tokenizer.chat_template" in GGUFReader(path).fields
+        return "tokenizer.chat_template" in gguf_keys(path)
     if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
         return True
     config = path / "tokenizer_config.json"
     return config.is_file() and bool(json.loads(config.read_text()).get("chat_template"))
+
+
+def gguf_keys(path: Path) -> set[str]:
+    """The metadata keys of a GGUF file, read from its head: the key-value section comes before
+    the tensors, and values are skipped, not parsed (gguf's GGUFReader parses every one: 20 s
+    for a 262k-token vocabulary). Layout: magic, version (u32), tensor and key counts (u64), then
+    per key: its name (u64 length, bytes), a value type (u32) and the value."""
+    import struct
+
+    from gguf import GGUFValueType as T
+
+    fixed = {T.UINT8: 1, T.INT8: 1, T.BOOL: 1, T.UINT16: 2, T.INT16: 2, T.UINT32: 4, T.INT32: 4, T.FLOAT32: 4}
+    fixed |= {T.UINT64: 8, T.INT64: 8, T.FLOAT64: 8}
+    with open(path, "rb") as f:
+
+        def u64() -> int:
+            return int(struct.unpack("<Q", f.read(8))[0])
+
+        def skip(kind: int) -> None:
+            if kind == T.STRING:
+                f.seek(u64(), 1)
+            elif kind == T.ARRAY:
+                (item,) = struct.unpack("<I", f.read(4))
+                count = u64()
+                if item in fixed:
+                    f.seek(fixed[T(item)] * count, 1)
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                f.seek(fixed[T(kind)], 1)
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        f.read(4 + 8)  # version, tensor count
+        keys = set()
+        for _ in range(u64()):
+            keys.add(f.read(u64()).decode())
+            (kind,) = struct.unpack("<I", f.read(4))
+            skip(kind)
+        return keys

@@ -132,7 +132,7 @@ def test_continue_sends_each_branch_context_in_one_call_and_hits_the_cache(runti
     assert call["input_ids"] == [[*ids, *o, *tok.encode(cue)] for o in own]
     assert (
         call["sampling_params"]
-        == [{"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64, "stop": ["Final answer:"]}] * 2
+        == [{"temperature": 0.7, "top_p": 1.0, **NEUTRAL, "max_new_tokens": 64, "stop": ["Final answer:"]}] * 2
     )
     # Everything but the appended cue was in the runtime's cache: the prefix is never prefilled again.
     assert [b.cached_prompt_tokens for b in second] == [len(ids) + len(o) for o in own]
