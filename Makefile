@@ -28,17 +28,17 @@ llama-server: install  ## build llama.cpp's llama-server once into the user cach
 	deploy/llama-server/build.sh $(BIN)/pip
 
 llama-judge: model llama-server  ## the judge egrm serves as one f32 GGUF, for llama-server (once; idempotent)
-	$(BIN)/python -m app.engines.llamacpp_local --outtype f32
+	$(BIN)/python -m egrm.llamacpp_local --outtype f32
 
 serve: model  ## run the service on the embedded default model
 	$(BIN)/egrm serve --host $(HOST) --port $(PORT)
 
 lint: install
-	$(BIN)/ruff check app tests loadtest
-	$(BIN)/ruff format --check app tests loadtest
+	$(BIN)/ruff check egrm tests loadtest
+	$(BIN)/ruff format --check egrm tests loadtest
 
 typecheck: install
-	$(BIN)/mypy app
+	$(BIN)/mypy egrm
 
 test: model gemma llama-judge lint typecheck  ## everything CI runs (the llama.cpp tests need llama-server)
 	$(BIN)/pytest

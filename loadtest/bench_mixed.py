@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import torch
 
-from app.config import Settings
-from app.engines.embedded.loader import resolve_dtype
+from egrm.config import Settings
+from egrm.engines.embedded.loader import resolve_dtype
 from loadtest.serverproc import running_server
 
 LONG_EVERY = 5  # every fifth request is forced to the long path: 20%
@@ -99,7 +99,7 @@ def model_shapes() -> tuple[list[tuple[int, int]], int, int]:
     the head's (vocab x hidden) size, from the served model's config."""
     from transformers import AutoConfig
 
-    from app.main import judge_model_path
+    from egrm.factory import judge_model_path
 
     cfg = AutoConfig.from_pretrained(judge_model_path(Settings()))
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from app.config import Settings
-from app.engines.base import BranchParams
-from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.fetch import fetch_model
-from app.engines.embedded.model_runner import Layout
+from egrm.config import Settings
+from egrm.engines.base import BranchParams
+from egrm.engines.embedded.engine import EmbeddedEngine
+from egrm.engines.embedded.fetch import fetch_model
+from egrm.engines.embedded.model_runner import Layout
 
 M = 5
 LADDER = [0.6, 0.7, 0.8, 0.9, 1.0]
@@ -66,7 +66,7 @@ def run_suite(engine: EmbeddedEngine, ids: list[int], new: int, rounds: int, war
         if key:  # the KV the M branches hold (the prompt's blocks are shared, in either layout)
             kv[key] = engine.stats().kv_bytes
 
-    model, pad = engine._m.model, min(engine._m.eos_ids)
+    model, pad = engine.core.model.model, min(engine.core.model.eos_ids)
     prompt = torch.tensor([ids])
 
     def hf_nrs() -> None:
@@ -139,7 +139,7 @@ def main() -> None:
     path = str(args.model or fetch_model(Settings().cache_dir))
     engine = EmbeddedEngine.load(path, dtype=args.dtype, device=args.device, prefix_cache=False)
     threads = engine.run_on_model_thread(torch.get_num_threads)
-    result: dict[str, Any] = {"m": M, "dtype": engine.dtype, "threads": threads, "forward": engine.forward_kind}
+    result: dict[str, Any] = {"m": M, "dtype": engine.dtype, "threads": threads, "forward": engine.forward}
     result["short"] = run_suite(engine, make_prompt(engine, 210), args.new_tokens, args.rounds, warm_all=True)
     result["long"] = run_suite(engine, make_prompt(engine, 1980), args.new_tokens, args.long_rounds, warm_all=False)
     asyncio.run(engine.close())

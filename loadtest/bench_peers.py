@@ -31,14 +31,14 @@ from typing import Any
 
 import httpx
 
-from app.config import Settings
-from app.engines.base import BranchParams
-from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.fetch import fetch_model
-from app.engines.embedded.loader import resolve_dtype
-from app.engines.llamacpp import completion_body
-from app.engines.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, wheel_gguf
-from app.main import judge_model_path
+from egrm.config import Settings
+from egrm.engines.base import BranchParams
+from egrm.engines.embedded.engine import EmbeddedEngine
+from egrm.engines.embedded.fetch import fetch_model
+from egrm.engines.embedded.loader import resolve_dtype
+from egrm.engines.llamacpp import completion_body
+from egrm.factory import judge_model_path
+from egrm.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, wheel_gguf
 from loadtest.bench_concurrency import load
 from loadtest.bench_parallel import LADDER, make_prompt
 from loadtest.serverproc import free_port, llama_server, running_server
@@ -208,7 +208,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "cpu_bf16": "avx512_bf16" in Path("/proc/cpuinfo").read_text()},
         "egrm_dtypes": dtypes,
-        "egrm_layout": settings.parallel_mode,
+        "egrm_layout": settings.layout,
         "llama_server": f"llama.cpp from llama-cpp-python {LLAMA_CPP_SOURCE}, -t {os.cpu_count()}, F16 KV cache",
         "llama_f32": f"{judge.name}: the judge egrm serves, F32 weights",
         "llama_bf16": "the same judge, BF16 weights",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from app.scorer.data import read
-from app.scorer.model import TrainedScorer
+from egrm.scorer.model import TrainedScorer
+from egrm.training.scorer_data import read
 from loadtest.bench_latency import ITEMS, timed_post
 from loadtest.serverproc import egrm_process, running_server
 

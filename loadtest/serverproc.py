@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from app.engines.llamacpp_local import server_binary
+from egrm.llamacpp_local import server_binary
 
 
 def free_port() -> int:
@@ -40,7 +40,7 @@ def egrm_process(
     port = port or free_port()
     log = tempfile.NamedTemporaryFile(prefix=f"egrm-{command}-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", command, "--host", "127.0.0.1", "--port", str(port), *args],
+        [sys.executable, "-m", "egrm.cli", command, "--host", "127.0.0.1", "--port", str(port), *args],
         env={**os.environ, **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings
-from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.fetch import fetch_model
-from app.engines.embedded.loader import LoadedModel, load_model
-from app.engines.remote.tokenizer import LocalTokenizer, load_tokenizer
-from app.main import judge_model_path
-from app.pipeline.verifier import MathVerifyChecker
+from egrm.config import Settings
+from egrm.engines.embedded.engine import EmbeddedEngine
+from egrm.engines.embedded.fetch import fetch_model
+from egrm.engines.embedded.loader import LoadedModel, load_model
+from egrm.engines.remote.tokenizer import LocalTokenizer, load_tokenizer
+from egrm.factory import judge_model_path
+from egrm.pipeline.verifier import MathVerifyChecker
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

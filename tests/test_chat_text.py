@@ -1,10 +1,10 @@
-"""Chat-formatted text read back into its question and response (app/chat_text.py)."""
+"""Chat-formatted text read back into its question and response (egrm/chat_text.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.chat_text import Turn, plain_prompt, split_query, turns_of, without_end_markers
+from egrm.chat_text import Turn, plain_prompt, split_query, turns_of, without_end_markers
 
 QUESTION, ANSWER = "What is 2+2?", "The answer is 4."
 # (prompt as the policy's template renders it, what its decode leaves after the response)

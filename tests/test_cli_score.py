@@ -1,4 +1,4 @@
-"""`python -m app.cli score` as real subprocesses: in-process, against a server, resumed, killed."""
+"""`python -m egrm.cli score` as real subprocesses: in-process, against a server, resumed, killed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 from tests.live import serve
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def write(path: Path, lines: list[str]) -> Path:
 
 
 def score(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "app.cli", "score", *args, "--quiet"]
+    command = [sys.executable, "-m", "egrm.cli", "score", *args, "--quiet"]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 
@@ -77,7 +77,7 @@ def test_resume_skips_done_ids_and_cuts_a_torn_line(tmp_path, url):
 def test_a_killed_run_loses_nothing_and_the_rerun_completes(tmp_path, url):
     items = [json.dumps({"id": f"q{i}", "prompt": f"What is {i}+{i}?", "response": str(2 * i)}) for i in range(6)]
     inp, out = write(tmp_path / "in.jsonl", items), tmp_path / "out.jsonl"
-    args = [sys.executable, "-m", "app.cli", "score", str(inp), "-o", str(out), "--url", url, "--quiet"]
+    args = [sys.executable, "-m", "egrm.cli", "score", str(inp), "-o", str(out), "--url", url, "--quiet"]
     proc = subprocess.Popen([*args, "--batch-size", "1", "--concurrency", "1", "--path", "short"])
     try:
         while not (out.exists() and out.read_text().count("\n") >= 1):
@@ -103,3 +103,34 @@ def test_strict_stops_before_scoring_and_bad_options_are_named(tmp_path, url):
     dupes = write(tmp_path / "dupes.jsonl", [LINES[0], LINES[0]])
     run = score(str(dupes), "-o", str(out), "--url", url, "--path", "short")
     assert run.returncode == 1 and "duplicate id 'a' (first on line 1)" in run.stderr and len(rows(out)) == 1
+
+
+def test_in_process_scoring_gives_the_servers_rewards(engine):
+    """`egrm score` without --url builds the server's pipeline (egrm.factory: the same scorer, the
+    same reading of chat-wrapped items, the same options): the same items and seed, the same rewards."""
+    import asyncio
+
+    import httpx
+
+    from egrm.batch import local_scorer
+    from egrm.protocol import RewardItem, RewardOptions
+
+    chatml = "<|im_start|>user\nWhat is 7 * 8?<|im_end|>\n<|im_start|>assistant\n"
+    items = [
+        RewardItem(id="plain", prompt="What is 7 * 8?", response="56"),
+        RewardItem(id="wrapped", prompt=chatml, response="The answer is 56.<|im_end|>"),
+        RewardItem(id="words", prompt="What is 23 + 19?", response="forty-two"),
+        RewardItem(id="long", prompt="What is 47 * 6?", response="282"),
+    ]
+    options = RewardOptions(seed=5)
+
+    async def in_process() -> list[float | None]:
+        async with local_scorer(options, Settings(), engine) as score:
+            return [r.reward for r in await score(items)]
+
+    local = asyncio.run(in_process())
+    with serve(create_app(Settings(), engine=engine)) as url:
+        body = {"items": [i.model_dump(exclude_none=True) for i in items], "options": options.model_dump()}
+        served = [r["reward"] for r in httpx.post(f"{url}/v1/rewards", json=body, timeout=300).json()["results"]]
+    assert local == served and all(r is not None for r in local)
+    assert local[0] == local[1]  # the chat-wrapped twin is the same question and the same answer

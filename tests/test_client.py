@@ -1,4 +1,4 @@
-"""app.client against real servers: the real model over HTTP, and a tiny scripted HTTP server."""
+"""egrm.client against real servers: the real model over HTTP, and a tiny scripted HTTP server."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from app.client import (
+from egrm.client import (
     AsyncEgrmClient,
     EgrmAPIError,
     EgrmClient,
@@ -20,9 +20,9 @@ from app.client import (
     EgrmTimeoutError,
     RetryPolicy,
 )
-from app.config import Settings
-from app.main import create_app
-from app.protocol import RewardItem, RewardResponse, RewardResult, TimingsOut, Usage
+from egrm.config import Settings
+from egrm.main import create_app
+from egrm.protocol import RewardItem, RewardResponse, RewardResult, TimingsOut, Usage
 from loadtest.serverproc import free_port
 from tests.live import serve
 
@@ -89,7 +89,7 @@ def test_a_504_whose_work_goes_on_is_retried_until_it_is_done(engine):
 
 @pytest.mark.slow
 def test_a_real_429_from_a_full_engine_queue_is_retried(loaded_fp32, caplog):
-    from app.engines.embedded.engine import EmbeddedEngine
+    from egrm.engines.embedded.engine import EmbeddedEngine
     from tests.engines.test_batching import hold_model_thread
 
     engine = EmbeddedEngine(loaded_fp32, max_queue=1)
@@ -103,7 +103,7 @@ def test_a_real_429_from_a_full_engine_queue_is_retried(loaded_fp32, caplog):
                 with EgrmClient(base, retry=RetryPolicy(max_retries=50, max_wait_s=0.2)) as client:
                     outcome["results"] = client.score(ITEMS[:1], {"path": "short"})
 
-            caplog.set_level(logging.WARNING, logger="app.client")
+            caplog.set_level(logging.WARNING, logger="egrm.client")
             worker = threading.Thread(target=call)
             worker.start()
             while "egrm answered 429" not in caplog.text:  # the server refused at least once

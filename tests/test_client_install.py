@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 from tests.live import serve
 
 pytestmark = pytest.mark.slow
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CLIENT_SIDE = """
 import asyncio, sys
-from app.client import AsyncEgrmClient, EgrmClient
-from app.integrations.verl_reward import compute_score, compute_score_async
-from app.protocol import RewardRequest
+from egrm.client import AsyncEgrmClient, EgrmClient
+from egrm.integrations.verl_reward import compute_score, compute_score_async
+from egrm.protocol import RewardRequest
 
 URL = sys.argv[1]
 items = [{"prompt": "What is 2+2?", "response": "4", "reference": "4"}]

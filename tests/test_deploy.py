@@ -20,14 +20,14 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from app.cli import build_parser
-from app.config import Settings
-from app.engines.base import EngineStats
-from app.gpu_sampler import GpuSampler
-from app.main import create_app
-from app.metrics import Metrics
-from app.pipeline.sharing import SharingStats
-from tests.test_gpu_sampler import FakeNvml
+from egrm.cli import build_parser
+from egrm.config import Settings
+from egrm.engines.base import EngineStats
+from egrm.gpu_monitor import GpuMonitor
+from egrm.main import create_app
+from egrm.metrics import Metrics
+from egrm.pipeline.sharing import SharingStats
+from tests.test_gpu_monitor import FakeNvml
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_DIR = ROOT / "deploy" / "k8s"
@@ -171,7 +171,7 @@ def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
     assert makefile_spec and args["TORCH_SPEC"].strip('"') == makefile_spec.group(1)
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignored = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
-    assert ignored[0] == "*" and {"!app/", "!pyproject.toml", "!README.md"} <= set(ignored)
+    assert ignored[0] == "*" and {"!egrm/", "!pyproject.toml", "!README.md"} <= set(ignored)
 
 
 # --- docker compose ------------------------------------------------------------------------------
@@ -350,10 +350,10 @@ def real_metrics(engine) -> dict[str, set[str]]:
         assert c.post("/v1/rewards", json={"items": [item]}).status_code == 504
         text += c.get("/metrics").text
     # GPU series exist only where NVML finds a GPU: take them from metrics.py fed by the NVML stand-in.
-    sampler, gpu_metrics = GpuSampler(interval_s=3600, nvml=FakeNvml()), Metrics()
-    gpu_metrics.watch_gpus(sampler.latest)
-    sampler.start()
-    sampler.close()
+    monitor, gpu_metrics = GpuMonitor(interval_s=3600, nvml=FakeNvml()), Metrics()
+    gpu_metrics.watch_gpus(monitor.latest)
+    monitor.start()
+    monitor.close()
     return exposition_names_and_labels(text + gpu_metrics.render().decode())
 
 
@@ -448,13 +448,13 @@ class Exporter:
 
 @cache
 def exporters() -> dict[str, Exporter]:
-    metrics = Metrics()  # egrm's own: what app/metrics.py registers, engine and GPU collectors included
+    metrics = Metrics()  # egrm's own: what egrm/metrics.py registers, engine and GPU collectors included
     metrics.watch_engine(EngineStats)
     metrics.watch_sharing(SharingStats)
-    sampler = GpuSampler(interval_s=3600, nvml=FakeNvml())
-    metrics.watch_gpus(sampler.latest)
-    sampler.start()
-    sampler.close()
+    monitor = GpuMonitor(interval_s=3600, nvml=FakeNvml())
+    metrics.watch_gpus(monitor.latest)
+    monitor.start()
+    monitor.close()
     return {
         "egrm": Exporter(registered_series(metrics.registry), None, "api", "egrm-api"),
         "sglang": Exporter(SGLANG_SERIES, frozenset(), "sglang", "sglang-worker"),

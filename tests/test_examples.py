@@ -1,12 +1,12 @@
-"""The files under examples/ that the README names ship, and read as what they are for."""
+"""The files under examples/ that README.md and docs/ name ship, and read as what they are for."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from app.batch import read_todo
-from app.evals.data import load_dataset
+from egrm.batch import read_todo
+from egrm.evals.data import load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 # A path of ours: not inside a URL, and not the text of a link to another project's file
@@ -15,7 +15,8 @@ _OURS = re.compile(r"(?<![\w/.-])examples/[\w./-]*\w(?![\w./-])(?!`\]\(http)")
 
 
 def named_in_readme() -> set[str]:
-    return set(_OURS.findall((ROOT / "README.md").read_text()))
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {name for page in pages for name in _OURS.findall(page.read_text())}
 
 
 def test_every_example_the_readme_names_exists():

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engines.embedded.fetch import (
+from egrm.engines.embedded.fetch import (
     DEFAULT_MODEL,
     GEMMA3_270M,
     ModelSource,

@@ -1,5 +1,5 @@
-"""The README's examples, run against a real `egrm serve` on the default settings: what they show
-is what the service answers.
+"""The examples of README.md and of every page under docs/, run against a real `egrm serve` on the
+default settings: what they show is what the service answers.
 
 - A ```bash block with `curl ... http://127.0.0.1:8000/PATH ... -d '{...}'` is posted as written,
   and the ```json block right after it must be contained in the answer (every key it shows, with
@@ -23,14 +23,16 @@ from loadtest.serverproc import egrm_process
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHOWN_URL = "http://127.0.0.1:8000"
 _BLOCK = re.compile(r"```(\w+)[^\n]*\n(.*?)```", re.DOTALL)
 _CURL = re.compile(r"curl -s (?P<url>http://127\.0\.0\.1:8000(?P<path>/[\w/]+)).*?-d '(?P<body>.*?)'", re.DOTALL)
 
 
 def blocks() -> list[tuple[str, str]]:
-    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(README.read_text())]
+    """Every fenced block of every page, page by page (a curl block and its answer are on one page)."""
+    return [(m.group(1), m.group(2)) for page in PAGES for m in _BLOCK.finditer(page.read_text())]
 
 
 def curl_examples() -> list[tuple[str, dict[str, Any], Any]]:
@@ -73,8 +75,16 @@ def server() -> Iterator[str]:
         yield url
 
 
-def test_the_readme_has_examples_to_run() -> None:
+def test_the_pages_have_examples_to_run() -> None:
     assert len(curl_examples()) >= 2 and len(pycon_examples()) >= 3
+    front = _BLOCK.findall(PAGES[0].read_text())
+    assert any(lang == "bash" and "curl" in text for lang, text in front)  # the quick start runs too
+
+
+def test_the_front_page_stays_short_and_maps_every_page() -> None:
+    readme = PAGES[0].read_text()
+    assert readme.count("\n") < 300 and "make serve" in readme and "make test" in readme
+    assert all(f"(docs/{page.name})" in readme for page in PAGES[1:])
 
 
 @pytest.mark.parametrize("index", range(len(curl_examples())))
@@ -88,7 +98,7 @@ def test_curl_example_answers_what_the_readme_shows(server: str, index: int) -> 
 @pytest.mark.parametrize("index", range(len(pycon_examples())))
 def test_python_example_prints_what_the_readme_shows(server: str, index: int) -> None:
     source = pycon_examples()[index].replace(SHOWN_URL, server)
-    test = doctest.DocTestParser().get_doctest(source, {}, f"README pycon block {index}", str(README), 0)
+    test = doctest.DocTestParser().get_doctest(source, {}, f"pycon block {index}", "README.md or docs/", 0)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     failures: list[str] = []
     runner.run(test, out=failures.append)

@@ -15,7 +15,7 @@ import pytest
 from loadtest.serverproc import free_port
 
 EGRM = str(Path(sys.executable).parent / "egrm")
-LOADING = "app.main: loading"  # the log line of a model load
+LOADING = "egrm.factory: loading"  # the log line of a model load
 
 
 def egrm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

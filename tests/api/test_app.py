@@ -5,8 +5,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +191,7 @@ def test_health_and_readiness(client):
 
 
 def test_a_full_engine_queue_gives_429_with_retry_after(loaded_fp32):
-    from app.engines.embedded.engine import EmbeddedEngine
+    from egrm.engines.embedded.engine import EmbeddedEngine
     from tests.engines.test_batching import hold_model_thread
 
     engine = EmbeddedEngine(loaded_fp32, max_queue=1)

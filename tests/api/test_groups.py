@@ -8,8 +8,8 @@ import asyncio
 import httpx
 import pytest
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 from loadtest.bench_grpo import group, per_query, quality
 from tests.live import serve
 

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.config import Settings
-from app.evals.data import builtin_arith
-from app.evals.phrasing import words
-from app.main import create_app
+from egrm.config import Settings
+from egrm.evals.data import builtin_arith
+from egrm.evals.phrasing import words
+from egrm.main import create_app
 from tests.live import serve
 
 pytestmark = pytest.mark.slow

@@ -10,11 +10,11 @@ import httpx
 import openai
 import pytest
 
-from app.api.errors import ApiError
-from app.api.openai_chat import judge_item
-from app.config import Settings
-from app.main import create_app
-from app.protocol_openai import ChatMessage
+from egrm.api.errors import ApiError
+from egrm.api.openai_chat import judge_item
+from egrm.config import Settings
+from egrm.main import create_app
+from egrm.protocol_openai import ChatMessage
 from tests.live import serve
 
 pytestmark = pytest.mark.slow

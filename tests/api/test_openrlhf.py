@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 from tests.live import serve
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_labels_reach_the_judge_as_the_reference(url):
 
 
 def test_the_policys_end_of_sequence_and_padding_are_not_the_response(url):
-    from app.chat_text import without_end_markers
+    from egrm.chat_text import without_end_markers
 
     assert without_end_markers("4<|im_end|>\n<|endoftext|><pad><pad>") == "4"
     assert without_end_markers("x</s>") == "x" and without_end_markers("a<|im_end|>b") == "a<|im_end|>b"
@@ -229,7 +229,7 @@ def test_labels_of_any_json_type_are_taken_never_refused(url):
 
 
 def test_label_text():
-    from app.api.openrlhf import label_text
+    from egrm.api.openrlhf import label_text
 
     assert [label_text(x) for x in ("42", 42, 4.5, True, None, "", ["7"], {"ground_truth": 9})] == [
         "42",

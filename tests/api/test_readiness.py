@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from app.api.readiness import ReadinessMonitor, ReadyState
+from egrm.api.readiness import ReadinessMonitor, ReadyState
 
 
 class Flag:
@@ -29,7 +29,7 @@ def test_only_changes_are_logged(caplog):
             states.append(monitor.state)
         return states
 
-    with caplog.at_level(logging.INFO, logger="app.api.readiness"):
+    with caplog.at_level(logging.INFO, logger="egrm.api.readiness"):
         states = asyncio.run(checks())
     assert states[0] == ReadyState(True, False) and states[-1] == ReadyState(True, True)
     assert [r.getMessage() for r in caplog.records] == [

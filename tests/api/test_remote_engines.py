@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.main import create_app
+from egrm.config import Settings
+from egrm.main import create_app
 from loadtest.serverproc import free_port
 from tests.engines.openai_stub import StubOpenAI
 from tests.engines.sglang_stub import StubRuntime, split

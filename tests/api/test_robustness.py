@@ -128,8 +128,8 @@ def test_shutdown_drains_in_flight_requests(model_path):
 def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from app.config import Settings
-    from app.main import create_app
+    from egrm.config import Settings
+    from egrm.main import create_app
 
     original = engine._runner.run
     calls = {"n": 0}

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.config import Settings
-from app.engines.chat_templates import gguf_keys, model_has_template
-from app.engines.embedded.fetch import GEMMA3_270M, fetch_model
-from app.main import create_app
+from egrm.config import Settings
+from egrm.engines.chat_templates import gguf_keys, model_has_template
+from egrm.engines.embedded.fetch import GEMMA3_270M, fetch_model
+from egrm.main import create_app
 from loadtest.serverproc import free_port, llama_server
 from tests.live import serve
 
@@ -78,7 +78,7 @@ def test_gemma_on_llamacpp(gemma, llama):
 @pytest.mark.parametrize("engine", ["embedded", "llamacpp"])
 def test_without_a_chat_template_egrm_refuses_to_start(gemma, engine):
     env = {"EGRM_MODEL": str(gemma), "EGRM_ENGINE": engine, "EGRM_LLAMACPP_URL": "http://127.0.0.1:9"}
-    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())]
+    command = [sys.executable, "-m", "egrm.cli", "serve", "--port", str(free_port())]
     done = subprocess.run(command, env={**_env(), **env}, capture_output=True, text=True, timeout=120)
     lines = [line for line in done.stderr.splitlines() if line.startswith("egrm:")]
     assert done.returncode == 2, done.stderr

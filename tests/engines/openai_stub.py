@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.engines.remote.tokenizer import LocalTokenizer
+from egrm.engines.remote.tokenizer import LocalTokenizer
 from tests.engines.sglang_stub import REASONING, AnswerScript, reasoning_follows, unanimous
 
 _BLOCK = 16

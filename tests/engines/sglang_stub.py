@@ -39,8 +39,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.engines.remote.tokenizer import LocalTokenizer
-from app.pipeline.templates import JUDGE
+from egrm.engines.remote.tokenizer import LocalTokenizer
+from egrm.pipeline.templates import JUDGE
 
 # The GenerateReqInput and SamplingParams fields this stub understands; anything else is refused,
 # as the real runtime refuses fields it does not know.
@@ -239,9 +239,9 @@ if __name__ == "__main__":  # serve the stand-in alone, to dry-run the live test
 
     import uvicorn
 
-    from app.config import Settings
-    from app.engines.embedded.fetch import model_dir
-    from app.engines.remote.tokenizer import load_tokenizer
+    from egrm.config import Settings
+    from egrm.engines.embedded.fetch import model_dir
+    from egrm.engines.remote.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=30000)

@@ -4,12 +4,13 @@ greedy output (fp32). Tests drive step() on the model thread."""
 import asyncio
 import gc
 import threading
+from concurrent.futures import CancelledError
 
 import pytest
 
-from app.engines.base import BranchParams, EngineBusyError, RequestTooLargeError
-from app.engines.embedded.engine import EmbeddedEngine
-from app.engines.embedded.sequence import Job
+from egrm.engines.base import BranchParams, EngineBusyError, RequestTooLargeError
+from egrm.engines.embedded.engine import EmbeddedEngine
+from egrm.engines.embedded.sequence import Job
 
 pytestmark = pytest.mark.slow
 
@@ -84,8 +85,9 @@ def test_layouts_give_the_same_tokens_and_the_branches_share_the_prompts_blocks(
 
 def test_requests_stepped_together_equal_requests_run_alone(plain):
     ids = prompts(plain)
+    before = plain.stats().batches  # the module's engine has stepped for other tests already
     alone = [asyncio.run(plain.sample(p, [GREEDY] * 2)) for p in ids]
-    steps_alone = plain.stats().batches
+    steps_alone = plain.stats().batches - before
     jobs = [Job.sample(p, [GREEDY] * 2) for p in ids]
     steps = drive(plain, jobs)  # three prompts of different lengths in the same steps
     together = [j.future.result() for j in jobs]
@@ -174,7 +176,7 @@ def test_a_small_pool_preempts_and_recomputes_with_the_same_output(loaded_fp32, 
         peak: list[int] = []
         drive(engine, jobs, between=lambda _: peak.append(engine.stats().kv_bytes))
         assert max(peak) <= engine.stats().kv_capacity_bytes
-        assert engine._scheduler.preempted > 0
+        assert engine.core.scheduler.preempted > 0
         # A held branch whose KV was dropped is recomputed when continued.
         held = jobs[0].future.result()[0]
         more = BranchParams(temperature=0, max_new_tokens=5)
@@ -211,7 +213,8 @@ def test_an_abandoned_job_stops_and_frees_its_blocks_at_the_next_step(loaded_fp3
         def abandon(step: int) -> None:
             if step == 2:
                 assert engine.stats().kv_bytes > 0
-                job.abandoned.set()  # the caller's deadline passed
+                engine.core.abort(job)  # the caller's deadline passed: the front aborts, and answers it
+                job.future.set_exception(CancelledError("the caller stopped waiting"))
 
         drive(engine, [job], between=abandon)
         assert job.future.cancelled() or job.future.exception() is not None
@@ -264,5 +267,27 @@ def test_the_kv_held_by_live_branches_is_reported_and_freed_with_them(loaded_fp3
         gc.collect()
         engine.run_on_model_thread(lambda: None)  # the release went through the inbox before this
         assert engine.stats().kv_bytes == 0
+        assert engine.stats().gc_released == 3  # freed by the safety net, and counted
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_released_branches_free_their_kv_and_a_released_handle_can_still_be_continued(loaded_fp32):
+    engine = EmbeddedEngine(loaded_fp32, prefix_cache=False)
+    try:
+        branches = asyncio.run(engine.sample(prompts(engine)[0], [GREEDY] * 3))
+        more = BranchParams(temperature=0, max_new_tokens=4)
+        kept = asyncio.run(engine.continue_branches([branches[0].handle], " So", [more]))
+        engine.release([b.handle for b in branches + kept])
+        engine.run_on_model_thread(lambda: None)
+        assert engine.stats().kv_bytes == 0 and engine.stats().gc_released == 0
+        # Its tokens are still known: continuing it recomputes its KV, to the same tokens.
+        again = asyncio.run(engine.continue_branches([branches[0].handle], " So", [more]))
+        assert again[0].token_ids == kept[0].token_ids and again[0].cached_prompt_tokens == 0
+        engine.release([again[0].handle])
+        del branches, kept, again
+        gc.collect()
+        engine.run_on_model_thread(lambda: None)
+        assert engine.stats().gc_released == 0  # all released by hand: the collector had nothing to do
     finally:
         asyncio.run(engine.close())

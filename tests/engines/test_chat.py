@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.engines.chat import chat_ids, data_ids
-from app.evals.data import builtin_arith
-from app.pipeline.templates import JUDGE
-from app.pipeline.types import JudgeItem
+from egrm.engines.chat import chat_ids, data_ids
+from egrm.evals.data import builtin_arith
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import JudgeItem
 
 # Every added token of the default model's tokenizer (chat markup, EOS, and the code-model tags):
 # none of them may come out of user text.
@@ -65,8 +65,8 @@ def test_a_template_that_changes_a_content_is_refused():
 def test_the_built_in_templates_keep_every_content_verbatim(base_model_path, name):
     """EGRM_CHAT_TEMPLATE's built-ins, as chat_ids needs them: each content once and verbatim,
     the follow-up (what follows the judge's own answer) a tail of the whole conversation."""
-    from app.engines.chat_templates import BUILTIN
-    from app.engines.remote.tokenizer import load_tokenizer
+    from egrm.engines.chat_templates import BUILTIN
+    from egrm.engines.remote.tokenizer import load_tokenizer
 
     templated = load_tokenizer(base_model_path, BUILTIN[name])
     item = JudgeItem(prompt="What is 52 * 7?", response="364")

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 import torch
 
-from app.engines.base import BranchParams, ContextLengthError, FinishReason
-from app.engines.embedded.engine import EmbeddedEngine
+from egrm.engines.base import BranchParams, ContextLengthError, FinishReason
+from egrm.engines.embedded.engine import EmbeddedEngine
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +30,9 @@ def test_greedy_branches_equal_one_greedy_sample_and_hf_generate(any_engine, pre
     assert all(b.token_ids == one.token_ids for b in many)
     # An independent reference: transformers' own greedy generate on the same weights.
     ids = torch.tensor([prefix])
-    model = any_engine._m.model
-    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=min(any_engine._m.eos_ids))
-    expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in any_engine._m.eos_ids]
+    model = any_engine.core.model.model
+    out = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=min(any_engine.core.model.eos_ids))
+    expected = [t for t in out[0, ids.shape[1] :].tolist() if t not in any_engine.core.model.eos_ids]
     assert one.token_ids == expected[: len(one.token_ids)] and len(one.token_ids) == len(expected)
 
 
@@ -65,7 +65,7 @@ def _model_logprobs(engine: EmbeddedEngine, prefix: list[int], tokens: list[int]
     """log-softmax of transformers' own forward at each new token's position: (len(tokens), V)."""
     ids = list(prefix)
     with torch.no_grad():
-        logits = engine._m.model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1]
+        logits = engine.core.model.model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1]
     return logits.float().log_softmax(-1)
 
 
@@ -160,7 +160,7 @@ def test_a_branch_continued_many_times_stays_as_it_was(any_engine, prefix):
 
 def test_bad_input_is_rejected(any_engine, prefix):
     with pytest.raises(ContextLengthError):
-        run(any_engine.sample(prefix, [BranchParams(max_new_tokens=any_engine._m.context_length)]))
+        run(any_engine.sample(prefix, [BranchParams(max_new_tokens=any_engine.core.model.context_length)]))
     with pytest.raises(ValueError, match="empty"):
         run(any_engine.sample("", [BranchParams()]))
     with pytest.raises(ValueError, match="branches"):
@@ -179,7 +179,7 @@ def test_bad_input_is_rejected(any_engine, prefix):
 def test_auto_dtype_is_bfloat16_only_where_the_cpu_has_it():
     import torch
 
-    from app.engines.embedded.loader import resolve_dtype
+    from egrm.engines.embedded.loader import resolve_dtype
 
     native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert resolve_dtype("auto") == ("bfloat16" if native else "float32")

@@ -1,8 +1,8 @@
 """The block manager: prefix blocks shared by reference, keyed heads reused across requests, LRU reuse."""
 
-from app.engines.base import BranchParams
-from app.engines.embedded.kv_cache import BlockManager
-from app.engines.embedded.sequence import Sequence
+from egrm.engines.base import BranchParams
+from egrm.engines.embedded.kv_cache import BlockManager
+from egrm.engines.embedded.sequence import Sequence
 
 
 def seq(tokens: list[int]) -> Sequence:

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.engines.embedded.attention import DenseRow, PaddedRows, StepInputs
-from app.engines.embedded.kv_cache import KVPool
-from app.engines.embedded.lean_llama import LeanLlama
-from app.engines.embedded.loader import load_model
-from app.engines.embedded.prepacked import Linear, prepack_supported
+from egrm.engines.embedded.attention import DenseRow, PaddedRows, StepInputs
+from egrm.engines.embedded.kv_cache import KVPool
+from egrm.engines.embedded.lean_llama import LeanLlama
+from egrm.engines.embedded.loader import load_model
+from egrm.engines.embedded.prepacked import Linear, prepack_supported
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -3,11 +3,11 @@ token grammar that constrains an answer to the embedded engine's trie."""
 
 from __future__ import annotations
 
-from app.engines.base import BranchParams
-from app.engines.embedded.constraint import build_trie
-from app.engines.llamacpp import gbnf_choice, one_call
-from app.pipeline.question import short_answer_params
-from app.pipeline.types import JudgeOptions, PathMode
+from egrm.engines.base import BranchParams
+from egrm.engines.embedded.constraint import build_trie
+from egrm.engines.llamacpp import gbnf_choice, one_call
+from egrm.pipeline.question import short_answer_params
+from egrm.pipeline.types import JudgeOptions, PathMode
 
 
 def test_equal_branches_with_counting_seeds_are_one_call():

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.config import Settings
-from app.engines.base import BranchParams
-from app.engines.llamacpp import LlamaCppEngine
-from app.engines.llamacpp_local import judge_gguf
-from app.main import create_app
+from egrm.config import Settings
+from egrm.engines.base import BranchParams
+from egrm.engines.llamacpp import LlamaCppEngine
+from egrm.llamacpp_local import judge_gguf
+from egrm.main import create_app
 from loadtest.serverproc import free_port, llama_server
 from tests.live import serve, wait_for
 

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.engines.base import BackendRejectedError, BranchParams, EngineBusyError, EngineUnavailableError
-from app.engines.openai import OpenAIEngine
-from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import JUDGE
-from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
-from app.scorer.heuristic import HeuristicScorer
+from egrm.engines.base import BackendRejectedError, BranchParams, EngineBusyError, EngineUnavailableError
+from egrm.engines.openai import OpenAIEngine
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
+from egrm.scorer.heuristic import HeuristicScorer
 from loadtest.serverproc import free_port
 from tests.engines.openai_stub import StubOpenAI
 from tests.engines.sglang_stub import split, unanimous

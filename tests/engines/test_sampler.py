@@ -1,7 +1,7 @@
 import torch
 
-from app.engines.embedded import sampler
-from app.engines.embedded.sampler import sample
+from egrm.engines.embedded import sampler
+from egrm.engines.embedded.sampler import sample
 
 
 def _logits(probs: list[float]) -> torch.Tensor:

@@ -1,25 +1,28 @@
-"""What a step computes: decodes first, prompt chunks shared among client requests, blocks bounding it all."""
+"""What a step computes: decodes first, prompt chunks shared among client requests, blocks bounding
+it all; and the scheduler's own update after each step (no model: every drawn token is a 5)."""
 
-from app.engines.base import BranchParams
-from app.engines.embedded.kv_cache import BlockManager
-from app.engines.embedded.scheduler import Scheduler
-from app.engines.embedded.sequence import Job
+from egrm.engines.base import BranchParams, FinishReason
+from egrm.engines.embedded.kv_cache import BlockManager
+from egrm.engines.embedded.scheduler import Scheduler, Step
+from egrm.engines.embedded.sequence import Job, Status
 
-ONE = [BranchParams(temperature=0)]
-
-
-def job(tokens: int, tag: object, branches: int = 1) -> Job:
-    return Job.sample(list(range(1, tokens + 1)), ONE * branches, tag)
+ONE = [BranchParams(temperature=0, max_new_tokens=64)]
 
 
-def run(scheduler: Scheduler, chunks) -> None:
-    """What the engine does after the forward, minus sampling: the chunks' tokens are computed."""
-    for c in chunks:
-        c.seq.computed += c.tokens
+def job(tokens: int, tag: object, branches: int = 1, params: list[BranchParams] = ONE) -> Job:
+    return Job.sample(list(range(1, tokens + 1)), params * branches, tag)
+
+
+def run(scheduler: Scheduler) -> Step:
+    """One step as the engine takes it: the plan, then the scheduler's update with what was drawn."""
+    step = scheduler.plan()
+    assert step is not None
+    scheduler.update(step, [5] * len(step.drawing), [0.0] * len(step.drawing))
+    return step
 
 
 def test_a_small_request_is_prefilled_beside_a_big_one_that_came_first():
-    scheduler = Scheduler(BlockManager(4096), max_seqs=128, max_tokens=256)
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=256)
     for _ in range(20):
         scheduler.add(job(1000, "big"))
     small = job(40, "small")
@@ -30,80 +33,91 @@ def test_a_small_request_is_prefilled_beside_a_big_one_that_came_first():
 
 
 def test_a_long_prompt_is_computed_in_chunks_and_decodes_go_first():
-    scheduler = Scheduler(BlockManager(4096), max_seqs=128, max_tokens=64)
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=64)
     decoding = job(10, "a")
     scheduler.add(decoding)
-    run(scheduler, scheduler.schedule())
-    decoding.sequences[0].tokens.append(5)  # it sampled a token: now it decodes
+    run(scheduler)  # its prompt, and its first drawn token: now it decodes
     long = job(200, "b")
     scheduler.add(long)
     seen = []
     while long.sequences[0].computed < 200:
-        chunks = scheduler.schedule()
-        assert sum(c.tokens for c in chunks) <= 64
-        assert chunks[0].seq is decoding.sequences[0] and chunks[0].tokens == 1
-        seen.append(sum(c.tokens for c in chunks if c.seq is long.sequences[0]))
-        run(scheduler, chunks)
-        decoding.sequences[0].tokens.append(5)
+        step = run(scheduler)
+        assert sum(c.tokens for c in step.chunks) <= 64
+        assert step.chunks[0].seq is decoding.sequences[0] and step.chunks[0].tokens == 1
+        seen.append(sum(c.tokens for c in step.chunks if c.seq is long.sequences[0]))
     # In chunks over several steps; a token costs more the longer its context (its attention).
     assert sum(seen) == 200 and len(seen) > 3 and seen[0] > seen[-2]
 
 
+def test_the_update_forks_a_prompt_into_its_branches_and_settles_what_finishes():
+    blocks = BlockManager(64, prefix_cache=False)
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=1024, eos_ids=frozenset({9}))
+    three = job(20, "a", branches=3, params=[BranchParams(temperature=0, max_new_tokens=2)])
+    scheduler.add(three)
+    step = scheduler.plan()
+    assert step is not None and step.drawing == three.sequences and step.rows == [0, 0, 0]  # one row, shared
+    out = scheduler.update(step, [5, 9, 6], [-0.1, -0.2, -0.3])
+    ((leader, followers, copies),) = out.forks  # the prompt's two full blocks shared, its tail copied
+    assert leader is three.sequences[0] and followers == three.sequences[1:] and len(copies) == 2
+    assert [s.blocks[:1] for s in three.sequences] == [leader.blocks[:1]] * 3
+    middle = three.sequences[1]
+    assert middle.finish is FinishReason.STOP and middle.new_tokens == [] and middle.status is Status.FINISHED
+    assert out.finished == [] and [s.new_tokens for s in three.sequences] == [[5], [], [6]]
+    step = scheduler.plan()  # the two left decode; at their second token they reach the limit
+    assert step is not None and step.drawing == [three.sequences[0], three.sequences[2]]
+    assert scheduler.update(step, [5, 5], [0.0, 0.0]).finished == [three] and three not in scheduler.jobs
+    lengths = FinishReason.LENGTH, FinishReason.STOP, FinishReason.LENGTH
+    assert tuple(s.finish for s in three.sequences) == lengths and three.sequences[0].logprobs == [-0.1, 0.0]
+
+
 def test_admission_waits_for_free_blocks_and_a_job_that_would_never_fit_is_not_admitted():
     blocks = BlockManager(10, prefix_cache=False)  # 160 tokens
-    scheduler = Scheduler(blocks, max_seqs=128, max_tokens=1024)
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=1024)
     first, second = job(100, "a", branches=2), job(100, "b", branches=2)
     scheduler.add(first)
     scheduler.add(second)
     chunks = scheduler.schedule()
     assert [c.seq for c in chunks] == [first.sequences[0]]  # 7 blocks + 1 spare: 2 left, 8 needed
     assert blocks.used == 8 and not second.admitted
-    for s in first.sequences:
-        blocks.release(s)
-    scheduler.running.clear()
-    assert [c.seq for c in scheduler.schedule()] == [second.sequences[0]]
+    scheduler.abort(first)  # its caller gave up: its blocks go back
+    assert blocks.used == 0 and [c.seq for c in scheduler.schedule()] == [second.sequences[0]]
 
 
 def test_when_blocks_run_out_the_youngest_sequence_is_preempted_and_held_branches_go_first():
     blocks = BlockManager(5, prefix_cache=False)
-    scheduler = Scheduler(blocks, max_seqs=128, max_tokens=1024)
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=1024)
     old, young = job(16, "a"), job(16, "b")
     for j in (old, young):
         scheduler.add(j)
-    run(scheduler, scheduler.schedule())  # both prompts fill a block each
-    for j in (old, young):
-        j.forked = True
-        j.sequences[0].tokens.append(7)
-    held = job(16, "c")
+    run(scheduler)  # both prompts fill a block each; each draws its first token
+    held = job(16, "c", params=[BranchParams(temperature=0, max_new_tokens=1)])
     scheduler.add(held)
-    run(scheduler, scheduler.schedule())  # old and young take a block each for their decode; held its prompt
-    held.forked = True
-    held.sequences[0].tokens.append(7)
-    scheduler.finish(held.sequences[0])
-    assert blocks.free == 0 and held.sequences[0].blocks
-    for j in (old, young):
-        j.sequences[0].tokens += [7] * 16  # their next decode needs a new block each
-        j.sequences[0].computed = 32
-    chunks = scheduler.schedule()
+    run(scheduler)  # old and young take a second block for their decodes; held its prompt, then it finishes
+    assert blocks.free == 0 and held.sequences[0].blocks and held not in scheduler.jobs
+    while len(old.sequences[0].tokens) < 33:  # fill their second blocks
+        run(scheduler)
+    step = scheduler.plan()  # both now need a third block
+    assert step is not None
     assert not held.sequences[0].blocks  # the held branch lost its KV first (it keeps its tokens)
-    assert [c.seq for c in chunks] == [old.sequences[0]]  # then the youngest was preempted
-    assert young.sequences[0].status.value == "waiting" and scheduler.preempted == 1
+    assert [c.seq for c in step.chunks] == [old.sequences[0]]  # then the youngest was preempted
+    assert young.sequences[0].status is Status.WAITING and scheduler.preempted == 1
 
 
 def test_a_request_with_nothing_running_may_preempt_a_big_one_that_holds_the_pool():
     blocks = BlockManager(20, prefix_cache=False)
-    scheduler = Scheduler(blocks, max_seqs=128, max_tokens=4096)
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=4096)
     big = [job(100, "big") for _ in range(5)]  # 7 blocks each: two fit (a request of five items)
     for j in big:
         scheduler.add(j)
-    run(scheduler, scheduler.schedule())
+    run(scheduler)
     assert blocks.free == 6 and sum(j.admitted for j in big) == 2
     small = job(120, "small")  # 8 blocks: only if the big one gives some back
     scheduler.add(small)
-    chunks = scheduler.schedule()
-    assert [c.seq for c in chunks] == [small.sequences[0]]
-    assert big[1].sequences[0].status.value == "waiting" and scheduler.preempted == 1  # its youngest
-    run(scheduler, chunks)
+    step = run(scheduler)
+    assert small.sequences[0] in [c.seq for c in step.chunks]
+    assert big[1].sequences[0].status is Status.WAITING and scheduler.preempted == 1  # its youngest
     more = job(120, "small")  # the same request again: it has something running, so it waits
     scheduler.add(more)
-    assert scheduler.schedule() == [] and scheduler.preempted == 1
+    step = scheduler.plan()
+    assert step is not None and more.sequences[0] not in [c.seq for c in step.chunks]
+    assert scheduler.preempted == 1

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.engines.base import BackendRejectedError, BranchParams, EngineUnavailableError, FinishReason
-from app.engines.remote.answers import answers_regex
-from app.engines.sglang import NEUTRAL, SGLangEngine
-from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import JUDGE
-from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
-from app.scorer.heuristic import HeuristicScorer
+from egrm.engines.base import BackendRejectedError, BranchParams, EngineUnavailableError, FinishReason
+from egrm.engines.remote.answers import answers_regex
+from egrm.engines.sglang import NEUTRAL, SGLangEngine
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
+from egrm.scorer.heuristic import HeuristicScorer
 from loadtest.serverproc import free_port
 from tests.engines.sglang_stub import REASONING, StubRuntime, split, unanimous
 from tests.engines.stubserver import serve

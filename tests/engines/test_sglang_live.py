@@ -12,13 +12,13 @@ import re
 
 import pytest
 
-from app.config import Settings
-from app.engines.base import BranchParams
-from app.main import build_engine
-from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import JUDGE
-from app.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
-from app.scorer.heuristic import HeuristicScorer
+from egrm.config import Settings
+from egrm.engines.base import BranchParams
+from egrm.factory import build_engine
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import JudgeItem, JudgeOptions, PathMode, Route
+from egrm.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.sglang
 

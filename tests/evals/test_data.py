@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.evals.data import Question, builtin_arith, load_dataset, near_miss
+from egrm.evals.data import Question, builtin_arith, load_dataset, near_miss
 
 
 def _question(prompt: str) -> Question:
@@ -91,7 +91,7 @@ def test_unknown_sources_are_refused() -> None:
 
 
 def test_mixed_forms_set_is_balanced_fixed_and_its_answers_readable() -> None:
-    from app.pipeline.verifier import compare_texts
+    from egrm.pipeline.verifier import compare_texts
 
     test = builtin_arith("test", mixed_forms=True)
     assert len(test) == 300 and test == builtin_arith("test", mixed_forms=True)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from app.engines.embedded.engine import EmbeddedEngine
-from app.evals.data import builtin_arith
-from app.evals.harness import EvalConfig, evaluate
-from app.evals.report import summarise
-from app.evals.runner import take
-from app.pipeline.service import RewardPipeline
-from app.pipeline.types import Route
-from app.scorer.heuristic import HeuristicScorer
+from egrm.engines.embedded.engine import EmbeddedEngine
+from egrm.evals.data import builtin_arith
+from egrm.evals.harness import EvalConfig, evaluate
+from egrm.evals.report import summarise
+from egrm.evals.runner import take
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.types import Route
+from egrm.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,9 @@ def test_routing_by_the_exact_estimate(engine: EmbeddedEngine) -> None:
 
 
 def _eval(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app.cli", "eval", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "egrm.cli", "eval", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 
 import random
 
-from app.evals.data import builtin_arith
-from app.evals.pairwise import right_and_wrong, swapped_number
-from app.pipeline.verifier import compare_texts
+from egrm.evals.data import builtin_arith
+from egrm.evals.pairwise import right_and_wrong, swapped_number
+from egrm.pipeline.verifier import compare_texts
 
 
 def test_swapped_number_keeps_the_wording():

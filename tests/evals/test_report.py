@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.evals.data import LabelledItem
-from app.evals.harness import Estimate, EvalConfig, ItemOutcome, ModeRun
-from app.evals.report import self_bleu, summarise
-from app.evals.runner import Sweep, rerouted, take
-from app.pipeline.types import Route
+from egrm.evals.data import LabelledItem
+from egrm.evals.harness import Estimate, EvalConfig, ItemOutcome, ModeRun
+from egrm.evals.report import self_bleu, summarise
+from egrm.evals.runner import Sweep, rerouted, take
+from egrm.pipeline.types import Route
 
 
 def _outcome(

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import app.integrations.verl_reward as verl_reward
-from app.client import EgrmAPIError
-from app.config import Settings
-from app.main import create_app
+import egrm.integrations.verl_reward as verl_reward
+from egrm.client import EgrmAPIError
+from egrm.config import Settings
+from egrm.main import create_app
 from tests.live import serve
 
 pytestmark = pytest.mark.slow
@@ -70,9 +70,9 @@ def test_the_readme_config_names_a_manager_todays_verl_accepts():
 
     import yaml
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    block = re.search(r"## veRL\n.*?```yaml\n(.*?)```", readme, re.S)
-    assert block, "README's veRL section shows its config"
+    page = (Path(__file__).parents[2] / "docs" / "integrations.md").read_text()
+    block = re.search(r"## veRL\n.*?```yaml\n(.*?)```", page, re.S)
+    assert block, "docs/integrations.md's veRL section shows its config"
     config = yaml.safe_load(block.group(1))["reward"]
     assert config["reward_manager"]["name"] in REGISTERED_MANAGERS
     assert config["custom_reward_function"]["name"] == "compute_score_async"  # naive awaits a coroutine
@@ -146,7 +146,7 @@ def test_missing_prompt_and_server_refusals_are_clear(url):
 def test_the_async_form_is_awaited_like_verls_reward_loop(url):
     """veRL awaits an `async def` reward function (inspect.iscoroutinefunction), many at once."""
     compute_score_async = load_like_verl("compute_score_async", {"url": url, "options": {"path": "short", "seed": 1}})
-    assert inspect.iscoroutinefunction(importlib.import_module("app.integrations.verl_reward").compute_score_async)
+    assert inspect.iscoroutinefunction(importlib.import_module("egrm.integrations.verl_reward").compute_score_async)
 
     async def rollout() -> list[float]:
         calls = [

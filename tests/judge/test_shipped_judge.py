@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from app.evals.data import builtin_arith, question_of
-from app.pipeline.service import RewardPipeline
-from app.pipeline.types import JudgeOptions, PathMode, VerdictBy
-from app.scorer.heuristic import HeuristicScorer
+from egrm.evals.data import builtin_arith, question_of
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.types import JudgeOptions, PathMode, VerdictBy
+from egrm.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
 

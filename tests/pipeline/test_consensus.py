@@ -1,7 +1,7 @@
 import pytest
 
-from app.pipeline.consensus import choose_route, tally
-from app.pipeline.types import PathMode, Route
+from egrm.pipeline.consensus import choose_route, tally
+from egrm.pipeline.types import PathMode, Route
 
 
 def test_unanimous():

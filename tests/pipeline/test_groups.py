@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from app.pipeline.service import RewardPipeline
-from app.pipeline.sharing import SharingLimits
-from app.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Route, Shared
-from app.scorer.heuristic import HeuristicScorer
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.sharing import SharingLimits
+from egrm.pipeline.types import ItemResult, JudgeItem, JudgeOptions, PathMode, Route, Shared
+from egrm.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
 

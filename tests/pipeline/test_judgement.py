@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from app.engines.base import Branch, FinishReason
-from app.pipeline.judgement import by_equivalence, by_exact, by_verdicts, p_yes, share, weighted_vote
-from app.pipeline.types import VerdictBy
-from app.pipeline.verifier import Comparison
+from egrm.engines.base import Branch, FinishReason
+from egrm.pipeline.judgement import by_equivalence, by_exact, by_verdicts, p_yes, share, weighted_vote
+from egrm.pipeline.types import VerdictBy
+from egrm.pipeline.verifier import Comparison
 
 
 def comparison(response_key, response_answer="42", math=("42", "41")):

@@ -5,12 +5,12 @@ import time
 
 import pytest
 
-from app.engines.base import Branch, FinishReason
-from app.pipeline.question import exact_probability
-from app.pipeline.service import RewardPipeline
-from app.pipeline.templates import JUDGE
-from app.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
-from app.scorer.heuristic import HeuristicScorer
+from egrm.engines.base import Branch, FinishReason
+from egrm.pipeline.question import exact_probability
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
+from egrm.scorer.heuristic import HeuristicScorer
 
 pytestmark = pytest.mark.slow
 
@@ -160,8 +160,8 @@ def test_batch_keeps_order_and_isolates_a_bad_item(engine, checker):
 
 
 def test_a_refused_item_cancels_its_siblings(loaded_fp32, checker):
-    from app.engines.base import EngineBusyError
-    from app.engines.embedded.engine import EmbeddedEngine
+    from egrm.engines.base import EngineBusyError
+    from egrm.engines.embedded.engine import EmbeddedEngine
     from tests.engines.test_batching import hold_model_thread
 
     engine = EmbeddedEngine(loaded_fp32, max_queue=1)

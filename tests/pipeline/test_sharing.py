@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from app.aio import DEADLINE
-from app.pipeline.sharing import OverloadedError, SharedWork, SharingLimits
-from app.pipeline.types import Shared
+from egrm.aio import DEADLINE
+from egrm.pipeline.sharing import OverloadedError, SharedWork, SharingLimits
+from egrm.pipeline.types import Shared
 
 
 class Clock:

@@ -1,7 +1,7 @@
 import pytest
 
-from app.pipeline.templates import JUDGE, get_template
-from app.pipeline.types import JudgeItem
+from egrm.pipeline.templates import JUDGE, get_template
+from egrm.pipeline.types import JudgeItem
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from app.pipeline.verifier import MathVerifyChecker, compare_texts, normalise
+from egrm.pipeline.verifier import MathVerifyChecker, compare_texts, normalise
 
 SAME_ANSWER = [
     "1776",

@@ -6,9 +6,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.main import create_app
-from app.scorer.heuristic import HeuristicScorer
+from egrm.config import Settings
+from egrm.main import create_app
+from egrm.scorer.heuristic import HeuristicScorer
 from loadtest.serverproc import free_port
 
 pytestmark = pytest.mark.slow

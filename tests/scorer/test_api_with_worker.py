@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from app.api import readiness
+from egrm.api import readiness
 from loadtest.serverproc import free_port, running_server, scorer_process
 from tests.scorer.scrape import metric
 

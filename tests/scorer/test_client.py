@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from app.scorer.client import HttpScorer, ScorerError
-from app.scorer.registry import load_scorer
-from app.scorer.wire import MAX_ANSWER_CHARS
+from egrm.scorer.client import HttpScorer, ScorerError
+from egrm.scorer.registry import load_scorer
+from egrm.scorer.wire import MAX_ANSWER_CHARS
 from loadtest.serverproc import free_port, scorer_process
 from tests.scorer.faults import failing_server, hanging_server
 from tests.scorer.scrape import metric

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from app.scorer.reading import Steps, steps, value
+from egrm.scorer.reading import Steps, steps, value
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ import dataclasses
 import pytest
 from pydantic import ValidationError
 
-from app.config import Settings
-from app.main import build_scorer
-from app.scorer.base import Candidate
-from app.scorer.client import HttpScorer
-from app.scorer.heuristic import HeuristicScorer
-from app.scorer.model import DEFAULT_CHECKPOINT, TrainedScorer
-from app.scorer.registry import ScorerLoadError, load_scorer
-from app.scorer.wire import CandidateIn
+from egrm.config import Settings
+from egrm.factory import build_scorer
+from egrm.pipeline.scorer import Candidate
+from egrm.scorer.client import HttpScorer
+from egrm.scorer.heuristic import HeuristicScorer
+from egrm.scorer.model import DEFAULT_CHECKPOINT, TrainedScorer
+from egrm.scorer.registry import ScorerLoadError, load_scorer
+from egrm.scorer.wire import CandidateIn
 
 CANDIDATE = Candidate("Is 2+2=4?", "Yes", "Yes. Reasoning: 2+2 is 4.", "Yes", -0.4, 0.8, 12)
 

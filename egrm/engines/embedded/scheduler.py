@@ -1,0 +1,393 @@
+"""What each engine step computes, and every change a step makes to a sequence.
+
+A step is planned here (plan), run by the model runner, and its drawn tokens come back here
+(update): every change to a sequence's state (computed KV, blocks, fork, tokens, finish) is made in
+this file, the home of the sequences' lifecycle (nano-vllm's Scheduler.schedule / postprocess).
+
+Planning: decodes first, then prompt chunks shared among client requests, within a token budget and
+the KV pool's free blocks.
+
+- Decodes: every running sequence whose last sampled token is not computed yet gets one token.
+  When the pool has no block left, a finished branch that is only held (the long path might
+  continue it) loses its KV first (its tokens stay: continuing it recomputes them); then the
+  youngest running sequence is preempted (back to waiting, recomputed later), so the oldest finish.
+- Prompt chunks: new prompts, continuations and preempted branches. What the decodes leave of the
+  step's budget is shared round-robin among client requests (tags), so a one-item request is not
+  queued behind every item of a big one (a share is at least MIN_CHUNK tokens: prompts already
+  started go first, then requests in order of arrival); a long prompt is computed in chunks over several steps,
+  so a step stays short (a deadline or a disconnect takes effect at the next one) and other
+  requests' decodes go on beside it.
+- Admission: a waiting sequence is admitted once blocks for all its uncomputed tokens are free
+  (plus, for a new prompt, one spare per other branch for the fork). An admitted prompt always
+  completes, and memory is bounded by the pool. A request with nothing running may preempt the
+  youngest sequences of others to get in, so a big request cannot hold the pool against it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+from egrm.engines.base import FinishReason
+from egrm.engines.embedded.attention import FEW_QUERIES
+from egrm.engines.embedded.kv_cache import BlockManager
+from egrm.engines.embedded.sequence import Job, Sequence, Status
+
+# The smallest prompt chunk a request gets in a step while others wait: shared thinner, many
+# requests would each advance a few tokens a step and all finish late.
+MIN_CHUNK = 128
+# A step's budget counts what a token costs: its share of the weights, plus its attention over
+# the context. A query among few (a decode) attends by fp32 batched matmuls, and over this many
+# keys it costs as much again (measured here: 65 such tokens over 3,800 keys took 0.5 s, as long
+# as 1,000 prompt tokens over a short context); a prompt chunk goes to SDPA's flash kernel, eight
+# times cheaper per key.
+ATTENTION_KEYS = 256
+
+
+def _cost(seq: Sequence, tokens: int) -> float:
+    """Budget units per token for seq's next `tokens` tokens."""
+    keys = ATTENTION_KEYS if tokens <= FEW_QUERIES else 8 * ATTENTION_KEYS
+    return 1.0 + (seq.computed + tokens) / keys
+
+
+def _tag(seq: Sequence) -> Any:
+    return seq.job.tag if seq.job is not None else None
+
+
+@dataclass(slots=True)
+class Step:
+    """One step's plan: the chunks computed, then who draws a token from which logits row (the
+    rows are the chunks that complete their sequence, in order; a prompt's branches share its row)."""
+
+    chunks: list[Chunk]
+    drawing: list[Sequence] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What a step changed: jobs whose branches all finished, and forks whose KV the runner copies
+    (leader, followers, (source block, destination block) pairs)."""
+
+    finished: list[Job] = field(default_factory=list)
+    forks: list[tuple[Sequence, list[Sequence], list[tuple[int, int]]]] = field(default_factory=list)
+    decoded: bool = False  # the step advanced a running branch by one token
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Part of a step: the next `tokens` uncomputed tokens of a sequence."""
+
+    seq: Sequence
+    tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """Whether this computes the sequence's last token (then it samples the next one)."""
+        return self.seq.computed + self.tokens == len(self.seq.tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_batch_branches: int,
+        max_batch_tokens: int,
+        eos_ids: frozenset[int] = frozenset(),
+        text_of: Callable[[Seq[int]], str] = lambda ids: "",
+    ):
+        """eos_ids end a branch; text_of decodes tokens (stop strings and a branch's text)."""
+        self.blocks = blocks
+        self.max_batch_branches, self.max_batch_tokens = max_batch_branches, max_batch_tokens
+        self.eos_ids, self.text_of = eos_ids, text_of
+        self.jobs: list[Job] = []  # in flight, oldest first
+        self.waiting: OrderedDict[Any, deque[Sequence]] = OrderedDict()  # per tag, first come first served
+        self.running: list[Sequence] = []  # holding blocks, oldest admission first
+        self.held: OrderedDict[int, Sequence] = OrderedDict()  # finished, KV kept for their handles; LRU first
+        self.preempted = 0  # sequences sent back to waiting for want of blocks
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.jobs)
+
+    @property
+    def queued_jobs(self) -> int:
+        """Jobs not admitted yet (read from other threads: a reading, not exact)."""
+        return sum(1 for job in list(self.jobs) if not job.admitted)
+
+    def add(self, job: Job) -> None:
+        """Queue a job: a new prompt (its leader; the other branches wait for the fork) or the new
+        sequences of a continuation (each has taken its branch's KV, see inherit)."""
+        self.jobs.append(job)
+        queued = job.sequences if job.forked else job.sequences[:1]
+        self.waiting.setdefault(job.tag, deque()).extend(queued)
+
+    def inherit(self, seq: Sequence) -> list[tuple[int, int]] | None:
+        """A continuation's sequence takes the KV its branch still holds, as a fork's followers do:
+        full blocks by reference, a partly filled last one copied into a block of its own. Returns
+        the blocks whose KV the caller must copy; None when it took nothing (the branch's KV is gone,
+        or no block is free): then it is computed, or found in the prefix cache, when admitted."""
+        parent, seq.parent = seq.parent, None
+        if parent is None or not parent.blocks:
+            return None
+        kept = self.held.pop(parent.id, None)  # not the branch's own KV to make room for its copy
+        room = self._free_up(1)
+        if kept is not None:
+            self.held[parent.id] = kept
+        if not room:
+            return None
+        self.blocks.allocate(seq, 1)
+        return self.blocks.fork(parent, [seq])
+
+    # --- one step -------------------------------------------------------------------------
+
+    def plan(self) -> Step | None:
+        """The next step: what each sequence computes, and who then draws a token."""
+        chunks = self.schedule()
+        if not chunks:
+            return None
+        step = Step(chunks)
+        for row, c in enumerate(c for c in chunks if c.completes):
+            job = c.seq.job
+            assert job is not None
+            drawing = job.sequences if not job.forked else [c.seq]  # the prompt's branches start together
+            step.drawing += drawing
+            step.rows += [row] * len(drawing)
+        return step
+
+    def update(self, step: Step, tokens: Seq[int], logprobs: Seq[float]) -> StepOutput:
+        """Every sequence after the step's forward and draw: KV computed, a prompt forked into its
+        branches, each drawn token appended, finished branches and jobs settled."""
+        out = StepOutput()
+        completed = [c.seq for c in step.chunks if c.completes]  # read before the KV counts move
+        for c in step.chunks:
+            out.decoded |= c.tokens == 1 == c.seq.uncomputed and c.seq.computed > 0
+            c.seq.computed += c.tokens
+            self.blocks.commit(c.seq)
+        for seq in completed:
+            job = seq.job
+            if job is not None and not job.forked:  # the prompt is in: its branches start from it
+                out.forks.append((seq, job.sequences[1:], self.fork(job)))
+        for seq, token, logprob in zip(step.drawing, tokens, logprobs, strict=True):
+            self._append(seq, token, logprob)
+            if seq.finish is not None:
+                self.finish(seq)
+        for job in {id(s.job): s.job for s in step.drawing if s.job is not None and s.job.done}.values():
+            self.jobs.remove(job)
+            out.finished.append(job)
+        return out
+
+    def _append(self, seq: Sequence, token: int, logprob: float) -> None:
+        """Take the drawn token; set seq.finish when the branch is done."""
+        if token in self.eos_ids and not seq.params.ignore_eos:
+            seq.finish = FinishReason.STOP  # EOS is not part of the branch's text or tokens
+        else:
+            # Appended even when it is the last: its KV is computed only if the branch is continued.
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.finish = self._finish_reason(seq)
+        if seq.finish is not None and seq.text is None:
+            seq.text = self.text_of(seq.new_tokens)
+
+    def _finish_reason(self, seq: Sequence) -> FinishReason | None:
+        """Whether (and why) the branch is done after its latest token."""
+        if seq.node is not None:
+            seq.node = seq.node.children[seq.tokens[-1]]
+            if seq.node.is_leaf:
+                return FinishReason.STOP
+        if seq.params.stop:
+            text = self.text_of(seq.new_tokens)
+            hits = [text.find(s) for s in seq.params.stop if s in text]
+            if hits:
+                seq.text = text[: min(hits)]
+                return FinishReason.STOP
+        if len(seq.new_tokens) >= seq.params.max_new_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def schedule(self) -> list[Chunk]:
+        plan: dict[int, Chunk] = {}
+        budget = float(self.max_batch_tokens)
+        # Decodes, requests running fewer sequences first (a one-item request is not behind every
+        # branch of a big one), oldest first among equals.
+        load = Counter(_tag(s) for s in self.running)
+        decodes = [s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1]
+        for seq in sorted(decodes, key=lambda s: load[_tag(s)]):
+            cost = _cost(seq, 1)
+            if plan and cost > budget:
+                break
+            if seq.status is Status.RUNNING and self._room_for(seq, seq.computed + 1, plan):
+                plan[seq.id] = Chunk(seq, 1)
+                budget -= cost
+        progress = True
+        while budget >= 1 and progress:
+            tags = self._tags_with_prefill(plan)
+            share, progress = max(MIN_CHUNK, budget / max(1, len(tags))), False
+            for tag in tags:
+                nxt = self._next_prefill(tag, plan)
+                if nxt is None:
+                    continue
+                chunk = plan.setdefault(nxt.id, Chunk(nxt, 0))
+                left = nxt.uncomputed - chunk.tokens
+                per_token = _cost(nxt, chunk.tokens + min(left, int(share)))  # its context decides
+                n = max(1, min(left, int(min(share, budget) / per_token)))
+                chunk.tokens += n
+                budget -= n * per_token
+                progress = True
+                if budget < 1:
+                    break
+        return [c for c in plan.values() if c.tokens]
+
+    def _tags_with_prefill(self, plan: dict[int, Chunk]) -> list[Any]:
+        """Requests with prompt tokens to compute, in turn: those already computing a prompt, then
+        those waiting, in order of arrival."""
+        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan)]
+        return list(dict.fromkeys(going + [tag for tag, queue in self.waiting.items() if queue]))
+
+    @staticmethod
+    def _left(seq: Sequence, plan: dict[int, Chunk]) -> int:
+        chunk = plan.get(seq.id)
+        return seq.uncomputed - (chunk.tokens if chunk else 0)
+
+    def _next_prefill(self, tag: Any, plan: dict[int, Chunk]) -> Sequence | None:
+        """The tag's oldest admitted prompt with tokens left this step, else its next waiting one."""
+        for seq in self.running:
+            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan):
+                return seq
+        queue = self.waiting.get(tag)
+        if not queue:
+            return None
+        if not self._admit(queue[0]) and not self._admit_starved(queue[0], plan):
+            return None
+        seq = queue.popleft()
+        if not queue:
+            del self.waiting[tag]  # a tag is a client request: there are always new ones
+        return seq
+
+    # --- blocks ---------------------------------------------------------------------------
+
+    def _admit(self, seq: Sequence) -> bool:
+        """Give a waiting sequence blocks for all its tokens (and its job's fork spares), if free."""
+        job = seq.job
+        assert job is not None
+        followers = job.sequences[1:] if not job.forked else []
+        if len(self.running) + 1 + len(followers) > self.max_batch_branches:
+            return False
+        reused = not seq.blocks
+        self.blocks.reuse_prefix(seq)
+        need = self.blocks.needed(seq, len(seq.tokens)) + sum(1 for f in followers if not f.blocks)
+        if not self._free_up(need):
+            if reused:
+                self.blocks.release(seq)  # the prefix it took goes back, still keyed
+            return False
+        if reused:
+            self.blocks.hit_tokens += seq.computed
+        if seq.start == len(seq.tokens):  # the job's first admission: what its prompt found cached
+            seq.cached_tokens = seq.computed
+        self.blocks.allocate(seq, len(seq.tokens))
+        for f in followers:
+            self.blocks.allocate(f, 1)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        job.admitted = True
+        return True
+
+    def _admit_starved(self, seq: Sequence, plan: dict[int, Chunk]) -> bool:
+        """A request with nothing running may take blocks from the youngest sequences of requests
+        running several (they are recomputed later): one big request cannot hold the pool against it."""
+        tag = _tag(seq)
+        running = Counter(_tag(s) for s in self.running)
+        if running[tag]:
+            return False
+        for victim in reversed(list(self.running)):
+            other = _tag(victim)
+            if running[other] < 2:  # a request keeps its last sequence: no two requests take turns
+                continue
+            running[other] -= 1
+            plan.pop(victim.id, None)
+            self._preempt(victim)
+            if self._admit(seq):
+                return True
+        return False
+
+    def _room_for(self, seq: Sequence, tokens: int, plan: dict[int, Chunk]) -> bool:
+        """Make sure seq can hold `tokens` tokens, preempting the youngest sequences not in this
+        step's plan if need be; False when seq itself had to be preempted."""
+        need = self.blocks.needed(seq, tokens)
+        while not self._free_up(need):
+            victim = next(s for s in reversed(self.running) if s.id not in plan)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.blocks.allocate(seq, tokens)
+        return True
+
+    def _free_up(self, blocks: int) -> bool:
+        """Drop held branches' KV, least recently finished first, until `blocks` are free."""
+        while self.blocks.free < blocks and self.held:
+            _, seq = self.held.popitem(last=False)
+            self.blocks.release(seq)
+        return self.blocks.free >= blocks
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.preempted += 1
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        job = seq.job
+        assert job is not None
+        if not job.forked:
+            for follower in job.sequences[1:]:
+                self.blocks.release(follower)
+        seq.status = Status.WAITING
+        self.waiting.setdefault(job.tag, deque()).appendleft(seq)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def fork(self, job: Job) -> list[tuple[int, int]]:
+        """The prompt is computed: its followers share its blocks and run. Returns blocks to copy."""
+        leader, followers = job.sequences[0], job.sequences[1:]
+        copies = self.blocks.fork(leader, followers)
+        at = self.running.index(leader) + 1
+        for seq in followers:
+            seq.status = Status.RUNNING
+            seq.cached_tokens = seq.prompt_tokens  # the leader computed the prompt; they reuse its KV
+        self.running[at:at] = followers
+        job.forked = True
+        return copies
+
+    def finish(self, seq: Sequence) -> None:
+        """seq is done for its job: keep its KV for the long path while its handle is held."""
+        seq.status = Status.FINISHED
+        self.running.remove(seq)
+        if seq.released:
+            self.blocks.release(seq)
+        else:
+            self.held[seq.id] = seq
+
+    def release(self, seq: Sequence) -> None:
+        """seq's handle is gone: nobody will continue it."""
+        seq.released = True
+        if seq.status is Status.FINISHED:
+            self.held.pop(seq.id, None)
+            self.blocks.release(seq)
+
+    def abort(self, job: Job) -> None:
+        """The caller stopped waiting (deadline, disconnect): stop the job's sequences now and free
+        their blocks (the branches a continuation started from keep theirs)."""
+        if job not in self.jobs:
+            return
+        self.jobs.remove(job)
+        queue = self.waiting.get(job.tag)
+        for seq in job.sequences:
+            if queue is not None and seq in queue:
+                queue.remove(seq)
+            if seq in self.running:
+                self.running.remove(seq)
+            seq.status = Status.FINISHED
+            self.blocks.release(seq)  # nobody holds a handle to it yet
+        if queue is not None and not queue:
+            del self.waiting[job.tag]
+        job.detach()

@@ -1,0 +1,136 @@
+"""What every engine that samples on another server shares: local tokenization, handles, a bounded
+number of calls in flight, stats, a refusal found at the readiness check. Subclasses say how
+branches travel (SGLang; OpenAI-compatible servers and llama.cpp, whose one call samples one
+parameter set: `CompletionsEngine`)."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from egrm.aio import gather_or_cancel
+from egrm.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, EngineUnavailableError, appended_ids
+from egrm.engines.remote.client import BackendClient
+from egrm.engines.remote.tokenizer import LocalTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBranch:
+    """A branch's whole context as the server saw it: prompt ids + the branch's own ids."""
+
+    engine: int  # id() of the engine that sampled it
+    ids: tuple[int, ...]
+
+
+class RemoteEngine:
+    KIND = "remote server"  # the backend in words, for logs and messages
+
+    def __init__(
+        self, tokenizer: LocalTokenizer, url: str, api_key: str = "", timeout_s: float = 120.0, max_queue: int = 1024
+    ):
+        """url: the backend's base URL; timeout_s bounds one call; max_queue the calls waiting."""
+        self._tok = tokenizer
+        self._client = BackendClient(self.KIND, url, api_key, timeout_s)
+        self._ready_timeout_s = min(timeout_s, 10.0)
+        self._max_queue = max_queue
+        self._in_flight = 0
+        self._stats = EngineStats()
+        self._refusal: str | None = None  # why this backend cannot judge (found by ready())
+
+    @property
+    def url(self) -> str:
+        return self._client.url
+
+    def encode_chat(self, messages: Sequence[dict[str, str]], after: int | None = None) -> list[int]:
+        return self._tok.encode_chat(messages, after)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def _prompt_ids(self, prefix: str | Sequence[int], branches: Sequence[BranchParams]) -> list[int]:
+        """The prompt as token ids, checked against the model's context before any call."""
+        if not branches:
+            raise ValueError("branches must not be empty")
+        ids = self.encode(prefix) if isinstance(prefix, str) else list(prefix)
+        if not ids:
+            raise ValueError("prefix must not be empty")
+        self._tok.check_context(len(ids), branches)
+        return ids
+
+    def _contexts(
+        self, handles: Sequence[Any], appended: str | Sequence[int], branches: Sequence[BranchParams]
+    ) -> list[list[int]]:
+        """Each branch's context followed by what is appended: what continuing it sends."""
+        if len(handles) != len(branches):
+            raise ValueError(f"got {len(handles)} handles for {len(branches)} branch params")
+        ids = appended_ids(self.encode, appended)
+        if not all(isinstance(h, RemoteBranch) and h.engine == id(self) for h in handles):
+            raise ValueError("handles must come from this engine's sample()")
+        contexts = [[*h.ids, *ids] for h in handles]
+        self._tok.check_context(max(len(c) for c in contexts), branches)
+        return contexts
+
+    def release(self, handles: Sequence[Any]) -> None:
+        """Nothing to free here: a handle is the branch's ids; the server's cache evicts its own."""
+
+    def _refuse(self, why: str) -> None:
+        """From now on, not ready, and every call fails with why (a 503 that says it)."""
+        self._refusal = why
+        log.error("%s", why)
+
+    def _handle(self, context: Sequence[int], own_ids: Sequence[int]) -> RemoteBranch:
+        return RemoteBranch(id(self), (*context, *self._tok.without_eos(list(own_ids))))
+
+    @asynccontextmanager
+    async def _slot(self, branches: int) -> AsyncIterator[None]:
+        """Bound the calls waiting on the server, as the embedded engine bounds its queue. Every
+        call to the backend passes here, so a refused backend is never called."""
+        if self._refusal is not None:
+            raise EngineUnavailableError(self._refusal)
+        if self._in_flight >= self._max_queue:
+            raise EngineBusyError(f"{self._in_flight} calls are waiting on the {self._client.kind} (EGRM_MAX_QUEUE)")
+        self._in_flight += 1
+        self._stats.batched_requests += 1
+        self._stats.batched_branches += branches
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    def stats(self) -> EngineStats:
+        self._stats.queue_depth = self._in_flight
+        return self._stats
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+class CompletionsEngine(RemoteEngine, ABC):
+    """A backend whose one call samples n branches of one parameter set from one prompt."""
+
+    @abstractmethod
+    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+        """n branches of p from the prompt ids, in one server call."""
+
+    async def continue_branches(
+        self,
+        handles: Sequence[Any],
+        appended: str | Sequence[int],
+        branches: Sequence[BranchParams],
+        tag: object = None,
+    ) -> list[Branch]:
+        """One call per branch, its whole context as the prompt: the server serves all but the
+        appended ids from its prompt cache."""
+        contexts = self._contexts(handles, appended, branches)
+        async with self._slot(len(branches)):
+            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+        return [one[0] for one in done]

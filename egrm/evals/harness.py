@@ -1,0 +1,147 @@
+"""Run labelled items through the real pipeline, routed and forced down each path.
+
+Every item runs once per mode with the same seed. Seeded branches sample the same tokens whatever
+else shares the engine, so the routed run's short samples are the always-short run's, and when it
+routes long its candidates are the always-long run's: the three modes differ only by routing.
+The mode order rotates from item to item so that no mode always runs on a warmer cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from egrm.config import temperature_ladder
+from egrm.evals.data import LabelledItem
+from egrm.pipeline.consensus import tally
+from egrm.pipeline.service import RewardPipeline
+from egrm.pipeline.types import ConsensusMode, ItemResult, JudgeOptions, PathMode, Route
+
+MODES = ("routed", "short", "long")
+_PATH = {"routed": PathMode.AUTO, "short": PathMode.SHORT, "long": PathMode.LONG}
+# ladder: the method's 0.6..1.0; fixed: one temperature for every branch; nucleus: hot, narrow top-p.
+STRATEGIES = ("ladder", "fixed", "nucleus")
+ESTIMATORS = tuple(c.value for c in ConsensusMode)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    m: int = 5
+    tau: float = 0.8
+    strategy: str = "ladder"
+    top_p: float = 0.95
+    long_max_tokens: int = 128
+    seed: int = 1234
+    modes: tuple[str, ...] = MODES
+    consensus: str = "sampled"  # the estimator routing uses; both are measured on every item
+
+    def sampling(self) -> tuple[list[float], float]:
+        """Per-branch temperatures and the shared top-p of a strategy."""
+        if self.strategy == "ladder":
+            return temperature_ladder(self.m), self.top_p
+        if self.strategy == "fixed":
+            return [0.7] * self.m, self.top_p
+        if self.strategy == "nucleus":
+            return [1.0] * self.m, 0.9
+        raise ValueError(f"strategy must be one of {STRATEGIES}, not {self.strategy!r}")
+
+    def options(self, mode: str, template: str, seed: int) -> JudgeOptions:
+        temperatures, top_p = self.sampling()
+        return JudgeOptions(
+            temperatures=temperatures,
+            top_p=top_p,
+            tau=self.tau,
+            path=_PATH[mode],
+            template=template,
+            return_samples=True,
+            seed=seed,
+            long_max_tokens=self.long_max_tokens,
+            consensus=ConsensusMode(self.consensus),
+            with_exact=True,
+        )
+
+
+@dataclass(slots=True)
+class ModeRun:
+    """One item through one mode."""
+
+    answer: str | None
+    route: Route | None
+    latency_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    candidates: list[str] = field(default_factory=list)  # long path: the reasoning texts
+    reward: float | None = None
+    verdict_by: str | None = None  # what decided (equivalence, judge, reference)
+
+    @classmethod
+    def of(cls, result: ItemResult) -> ModeRun:
+        return cls(
+            answer=result.answer,
+            route=result.route,
+            latency_ms=result.timings.total_ms,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            candidates=[c.reasoning for c in result.candidates or []],
+            reward=result.reward,
+            verdict_by=result.judgements[0].by.value if result.judgements else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One consensus estimator's reading of an item's short answers (the same in every mode)."""
+
+    consensus: float
+    answer: str | None  # what the short path answers when routed by this estimator
+
+
+@dataclass(slots=True)
+class ItemOutcome:
+    item: LabelledItem
+    estimates: dict[str, Estimate]  # per estimator: sampled (the vote) and exact
+    runs: dict[str, ModeRun]
+    routed_by: str = "sampled"
+
+    @property
+    def consensus(self) -> float:
+        return self.estimates[self.routed_by].consensus
+
+    @property
+    def majority(self) -> str | None:
+        return self.estimates[self.routed_by].answer
+
+    def correct(self, mode: str) -> bool:
+        return self.runs[mode].answer == self.item.gold
+
+
+async def evaluate(
+    pipeline: RewardPipeline,
+    items: Sequence[LabelledItem],
+    config: EvalConfig,
+    progress: Callable[[], None] = lambda: None,
+) -> list[ItemOutcome]:
+    """Each item through each mode in config.modes, one at a time (latencies are not shared)."""
+    outcomes = []
+    for index, item in enumerate(items):
+        seed = config.seed + 10_000 * index
+        order = config.modes[index % len(config.modes) :] + config.modes[: index % len(config.modes)]
+        results: dict[str, ItemResult] = {}
+        for mode in order:
+            results[mode] = await pipeline.score_item(item.judge_item(), config.options(mode, item.template, seed))
+        runs = {mode: ModeRun.of(r) for mode, r in results.items()}
+        # The forced short run reads both estimators' short answers; other runs may lack one.
+        read = results["short"] if "short" in results else results[config.modes[0]]
+        outcomes.append(ItemOutcome(item, estimates(read), runs, config.consensus))
+        progress()
+    return outcomes
+
+
+def estimates(result: ItemResult) -> dict[str, Estimate]:
+    """Both estimators' consensus and short-path answer, from an item run with with_exact."""
+    if result.exact is None or result.samples is None:
+        raise ValueError("evaluation needs the samples and the exact estimate of every item")
+    return {
+        "sampled": Estimate(tally([s.vote for s in result.samples]).consensus, result.majority_answer),
+        "exact": Estimate(result.exact.probability, result.exact.answer),
+    }

@@ -1,0 +1,168 @@
+"""What the judge makes of a question alone, before any response: sample -> vote -> route -> (reason, score).
+
+Solve first (templates.py): the judge's samples, their vote, the route and, on the long path, its
+reasoned and scored candidates depend on the question, never on the response. So they are
+computed once per question and every response to it is judged against the same work (service.py;
+sharing.py keeps it for the responses that come later). The key names everything that decides it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from egrm.engines.base import Branch, BranchParams, Engine
+from egrm.pipeline.consensus import Tally, choose_route, tally
+from egrm.pipeline.longpath import Reasoned, reason_and_score, usage_of
+from egrm.pipeline.scorer import Scorer
+from egrm.pipeline.templates import JUDGE
+from egrm.pipeline.types import ConsensusMode, ExactConsensus, Judgement, JudgeOptions, Route, Usage
+from egrm.pipeline.verifier import AnswerChecker
+
+# What a token id held in a list costs in Python: a pointer, and an int object above 256.
+_BYTES_PER_TOKEN = 8 + sys.getsizeof(2**20)
+
+
+@dataclass(slots=True)
+class QuestionWork:
+    """The judge's work on one question; every response to it is judged against this."""
+
+    key: bytes  # what decided it (question_key)
+    branches: list[Branch]  # the M answer-only samples, then the greedy one of the exact estimate
+    keys: list[str | None]  # each branch's answer class (equal answers share one)
+    m: int
+    tally: Tally  # the M samples' vote
+    exact: ExactConsensus | None
+    consensus: float  # the estimate routing used
+    route: Route
+    usage: Usage
+    sample_ms: float
+    reasoned: Reasoned | None = None  # the long path's candidates, when the route is long
+    # A response's judgement that needed the judge's Yes/No follow-up, by (which judgement,
+    # response): the same response gets the same verdict, whatever else ran beside it.
+    followups: dict[tuple[str, str], tuple[Judgement, list[str | None], Usage]] = field(default_factory=dict)
+
+    @property
+    def degraded(self) -> bool:
+        return self.reasoned is not None and self.reasoned.degraded
+
+    @property
+    def samples(self) -> list[Branch]:
+        return self.branches[: self.m]
+
+    @property
+    def greedy(self) -> Branch | None:
+        return self.branches[self.m] if len(self.branches) > self.m else None
+
+    @property
+    def handles(self) -> list[object]:
+        """Every branch it holds: what the engine frees once the work is done with."""
+        reasoning = self.reasoned.reasoning if self.reasoned else []
+        return [b.handle for b in self.branches + reasoning]
+
+    @property
+    def texts(self) -> list[str]:
+        return [b.text for b in self.branches]
+
+    @property
+    def leader(self) -> Branch | None:
+        """The first sample that gave the majority answer (its branch continues for a Yes/No)."""
+        majority = self.tally.majority
+        return next((b for b, k in zip(self.samples, self.keys, strict=False) if k is not None and k == majority), None)
+
+    @property
+    def nbytes(self) -> int:
+        """About what keeping it costs this process: every branch's tokens (its context, as the
+        engine holds it), texts and memoised follow-ups. The KV its branches hold lives in the
+        engine's pool, which takes it back first when it needs room."""
+        branches = self.branches + (self.reasoned.reasoning if self.reasoned else [])
+        tokens = sum(b.prompt_tokens + 2 * b.completion_tokens for b in branches)
+        texts = sum(len(b.text) for b in branches) + sum(len(r) for _, r in self.followups)
+        return 1024 + tokens * _BYTES_PER_TOKEN + 2 * texts + 512 * len(self.followups)
+
+
+def question_key(model: str, prompt_ids: Sequence[int], options: JudgeOptions) -> bytes:
+    """What decides a question's work: the judge model, the rendered judge prompt (question and
+    reference, in the model's chat format) and every option the work reads; not the template,
+    which only presents a judgement, nor return_samples."""
+    decided = {
+        "model": model,
+        "temperatures": options.temperatures,
+        "top_p": options.top_p,
+        "tau": options.tau,
+        "path": options.path.value,
+        "consensus": options.consensus.value,
+        "with_exact": options.with_exact,
+        "long_max_tokens": options.long_max_tokens,
+        "seed": options.seed,
+    }
+    digest = hashlib.blake2b(json.dumps(decided, sort_keys=True).encode(), digest_size=32)
+    digest.update(b"".join(i.to_bytes(4, "little") for i in prompt_ids))
+    return digest.digest()
+
+
+async def judge_question(
+    engine: Engine,
+    scorer: Scorer,
+    checker: AnswerChecker,
+    key: bytes,
+    prompt: str,
+    prompt_ids: list[int],
+    options: JudgeOptions,
+    tag: object = None,
+) -> QuestionWork:
+    """Sample the judge's own answers, vote, route, and (long route) reason and score."""
+    start = time.perf_counter()
+    branches = await engine.sample(prompt_ids, short_answer_params(options), tag)
+    keys = (await checker.compare([b.text for b in branches], [])).answer_keys
+    counted = tally(keys[: options.m])
+    greedy = branches[options.m] if options.needs_exact else None
+    exact = ExactConsensus(keys[-1], exact_probability(greedy)) if greedy else None
+    by_exact_estimate = exact is not None and options.consensus is ConsensusMode.EXACT
+    consensus = exact.probability if exact is not None and by_exact_estimate else counted.consensus
+    work = QuestionWork(
+        key=key,
+        branches=branches,
+        keys=keys,
+        m=options.m,
+        tally=counted,
+        exact=exact,
+        consensus=consensus,
+        route=choose_route(consensus, options.tau, options.path),
+        usage=usage_of(branches),
+        sample_ms=(time.perf_counter() - start) * 1000,
+    )
+    if work.route is Route.LONG:
+        work.reasoned = await reason_and_score(engine, scorer, checker, prompt, work.samples, options, tag)
+        work.usage.add(work.reasoned.usage)
+    return work
+
+
+def short_answer_params(options: JudgeOptions) -> list[BranchParams]:
+    """One answer-only branch per ladder temperature (the judge's own answer, ending at EOS),
+    and a greedy one when the exact estimate is asked for."""
+    params = [
+        BranchParams(
+            temperature=t,
+            top_p=options.top_p,
+            max_new_tokens=JUDGE.answer_tokens,
+            seed=None if options.seed is None else options.seed + i,
+        )
+        for i, t in enumerate(options.temperatures)
+    ]
+    if options.needs_exact:
+        params.append(replace(params[0], temperature=0.0, seed=None))
+    return params
+
+
+def exact_probability(greedy: Branch) -> float:
+    """The model's probability (T=1) of its greedy short answer: the share of samples expected
+    to agree with it at T=1."""
+    if greedy.token_ids and not greedy.logprobs:
+        raise ValueError("the engine returned no log-probabilities: the exact consensus needs them")
+    return math.exp(sum(greedy.logprobs))
