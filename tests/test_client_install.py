@@ -55,7 +55,7 @@ def test_the_client_installs_without_torch_and_scores(tmp_path: Path, url: str) 
     source.mkdir()
     shutil.copy(ROOT / "pyproject.toml", source)
     shutil.copy(ROOT / "README.md", source)
-    shutil.copytree(ROOT / "app", source / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "egrm", source / "egrm", ignore=shutil.ignore_patterns("__pycache__"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -69,5 +69,9 @@ def test_the_client_installs_without_torch_and_scores(tmp_path: Path, url: str) 
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["1.0", "1.0", "1.0", "0.0", "[]"]
+    # The import name is the project's: nothing named `app` (the name of most FastAPI applications'
+    # own package) lands on the user's path.
+    collides = subprocess.run([str(python), "-c", "import app"], capture_output=True, text=True)
+    assert collides.returncode != 0 and "No module named 'app'" in collides.stderr
     command = subprocess.run([str(venv / "bin" / "egrm"), "serve"], capture_output=True, text=True)
     assert command.returncode == 2 and "pip install 'egrm[server]'" in command.stderr

@@ -131,7 +131,7 @@ def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatc
     from egrm.config import Settings
     from egrm.main import create_app
 
-    original = engine._runner.run
+    original = engine.core.runner.run
     calls = {"n": 0}
 
     def fails_once(chunks):  # the first forward fails, inside a step on the model thread
@@ -140,7 +140,7 @@ def test_fault_in_one_request_gives_500_and_the_next_succeeds(engine, monkeypatc
             raise RuntimeError("simulated kernel failure")
         return original(chunks)
 
-    monkeypatch.setattr(engine._runner, "run", fails_once)
+    monkeypatch.setattr(engine.core.runner, "run", fails_once)
     with TestClient(create_app(Settings(), engine=engine), raise_server_exceptions=False) as c:
         r = c.post("/v1/rewards", json=SHORT)
         assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
