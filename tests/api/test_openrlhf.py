@@ -190,15 +190,16 @@ def test_an_item_the_model_cannot_judge_fails_the_request_naming_it(engine):
 
 
 def test_a_rollout_burst_of_256_one_query_posts_all_get_rewards(engine):
-    """OpenRLHF's agent posts one query per sample, all at once (openrlhf/utils/agent.py): on the
-    default settings 256 concurrent one-item POSTs queue and all get a reward (no 429, no 504)."""
+    """OpenRLHF's agent posts one query per sample, all at once (openrlhf/utils/agent.py): a GRPO
+    step of 32 prompts x 8 responses is 256 concurrent one-item POSTs; on the default settings they
+    queue, each prompt is judged once, and all get a reward (no 429, no 504)."""
 
     async def burst(base: str) -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=256)
         async with httpx.AsyncClient(base_url=base, timeout=180, limits=limits) as http:
             calls = []
             for i in range(256):
-                a, b = 10 + i % 40, 3 + i % 7
+                a, b = 10 + (i // 8) % 40, 3 + (i // 8) % 7
                 prompt = f"<|im_start|>user\nWhat is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n"
                 answer = a + b + (i % 2)  # half right, half off by one
                 body = {"query": [f"{prompt}{answer}<|im_end|>"], "prompts": [prompt], "labels": [None]}
@@ -207,7 +208,9 @@ def test_a_rollout_burst_of_256_one_query_posts_all_get_rewards(engine):
 
     with serve(create_app(Settings(), engine=engine)) as base:
         answers = asyncio.run(burst(base))
+        computed = metric(base, 'egrm_shared_questions_total{outcome="miss"}')
     assert [r.status_code for r in answers] == [200] * 256, {r.status_code for r in answers}
+    assert computed == 32  # one piece of work per prompt
     rewards = [r.json()["rewards"][0] for r in answers]
     right, wrong = rewards[0::2], rewards[1::2]
     assert sum(right) / 128 > sum(wrong) / 128 + 0.5  # and they mean something: right answers score higher

@@ -78,7 +78,14 @@ def test_deadline_gives_504_and_the_service_goes_on(base_model_path):
     # A deadline a short request meets with room to spare on a slow CPU (~1 s here in bf16), and a
     # long path it cannot: 16 branches of up to 2,048 reasoning tokens. The untuned model keeps
     # writing (the tuned judge ends its reasoning in a few dozen tokens, well inside any deadline).
-    env = {"EGRM_MODEL": str(base_model_path), "EGRM_REQUEST_TIMEOUT_S": "5", "EGRM_LONG_MAX_TOKENS": "2048"}
+    # No grace after the deadline: what is tested here is the deadline itself (test_groups.py tests
+    # the work that goes on for a retry).
+    env = {
+        "EGRM_MODEL": str(base_model_path),
+        "EGRM_REQUEST_TIMEOUT_S": "5",
+        "EGRM_LONG_MAX_TOKENS": "2048",
+        "EGRM_SHARE_GRACE_S": "0",
+    }
     with running_server(env) as url:
         r = httpx.post(f"{url}/v1/rewards", json={**LONG, "options": {"path": "long", "m": 16}}, timeout=60)
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
