@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
@@ -44,3 +45,11 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 60) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def metric(url: str, series: str) -> float:
+    """The value of `series` (name plus labels exactly as exposed) at url/metrics; 0 when absent."""
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0

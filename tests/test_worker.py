@@ -12,7 +12,7 @@ import pytest
 from egrm.scorer.registry import load_scorer
 from egrm.scorer.wire import MAX_ANSWER_CHARS, MAX_BODY_BYTES, MAX_CANDIDATES, MAX_TEXT_CHARS
 from loadtest.serverproc import scorer_process
-from tests.scorer.scrape import metric
+from tests.live import metric
 from tests.scorer.test_wiring import CANDIDATE
 
 pytestmark = pytest.mark.slow

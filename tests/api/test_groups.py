@@ -11,17 +11,9 @@ import pytest
 from egrm.config import Settings
 from egrm.main import create_app
 from loadtest.bench_grpo import group, per_query, quality
-from tests.live import serve
+from tests.live import metric, serve
 
 pytestmark = pytest.mark.slow
-
-
-def metric(url: str, series: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == series:
-            return float(value)
-    return 0.0
 
 
 def outcomes(url: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ from egrm.api.openai_chat import judge_item
 from egrm.config import Settings
 from egrm.main import create_app
 from egrm.protocol_openai import ChatMessage
-from tests.live import serve
+from tests.live import metric, serve
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,6 @@ def client(url) -> openai.OpenAI:
 def served_id(client: openai.OpenAI) -> str:
     (model,) = client.models.list().data
     return model.id
-
-
-def metric(url: str, series: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == series:
-            return float(value)
-    return 0.0
 
 
 def test_models_list_and_retrieve(client):

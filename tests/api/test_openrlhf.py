@@ -15,7 +15,7 @@ import pytest
 
 from egrm.config import Settings
 from egrm.main import create_app
-from tests.live import serve
+from tests.live import metric, serve
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +36,6 @@ def url(engine) -> Iterator[str]:
 
 def post(url: str, body: dict) -> httpx.Response:
     return httpx.post(f"{url}/get_reward", json=body, headers={"Content-Type": "application/json"}, timeout=180)
-
-
-def metric(url: str, series: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == series:
-            return float(value)
-    return 0.0
 
 
 def test_openrlhf_request_gets_rewards_scores_and_extra_logs(url):

@@ -9,21 +9,12 @@ import httpx
 import pytest
 
 from loadtest.serverproc import running_server, server_process
-from tests.live import wait_for
+from tests.live import metric, wait_for
 
 pytestmark = pytest.mark.slow
 
 SHORT = {"items": [{"prompt": "What is 2+2?", "response": "4"}], "options": {"path": "short"}}
 LONG = {"items": [{"prompt": "Why is the sky blue?", "response": "Rayleigh scattering."}], "options": {"path": "long"}}
-
-
-def metric(url: str, series: str) -> float:
-    """The value of one series, e.g. 'egrm_requests_in_flight' or 'x_total{reason="deadline"}'."""
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == series:
-            return float(value)
-    return 0.0
 
 
 def _steady(url: str, series: str) -> bool:

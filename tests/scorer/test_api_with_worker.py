@@ -11,7 +11,7 @@ import pytest
 
 from egrm.api import readiness
 from loadtest.serverproc import free_port, running_server, scorer_process
-from tests.scorer.scrape import metric
+from tests.live import metric
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from egrm.scorer.client import HttpScorer, ScorerError
 from egrm.scorer.registry import load_scorer
 from egrm.scorer.wire import MAX_ANSWER_CHARS
 from loadtest.serverproc import free_port, scorer_process
+from tests.live import metric
 from tests.scorer.faults import failing_server, hanging_server
-from tests.scorer.scrape import metric
 from tests.scorer.test_wiring import CANDIDATE
 
 pytestmark = pytest.mark.slow
