@@ -53,9 +53,14 @@ def test_past_the_deadline_the_work_goes_on_and_the_retry_gets_it(engine):
 
 def test_an_overload_past_the_deadline_loses_no_reward_to_openrlhf_retries(engine):
     """64 one-query POSTs (8 prompts x 8), a deadline well below what they need together: the
-    first tries time out, their work goes on, and the retries collect it."""
+    first tries time out, their work goes on, and the retries collect it.
+
+    The client's patience is 5 tries x (deadline + 1 s pause): no server can answer a client that
+    has given up. Here (fp32, 2 cores) the 8 questions need about 14 s together, so a 1 s deadline
+    (patience 9 s) loses whatever finishes last, by construction; 4 s (patience 24 s) is still well
+    below the 14 s and leaves room for a slower machine."""
     responses = [r for i in range(8) for r in group(i, 8)]
-    with serve(create_app(Settings(request_timeout_s=1.0), engine=engine)) as url:
+    with serve(create_app(Settings(request_timeout_s=4.0), engine=engine)) as url:
         rewards, tries = asyncio.run(per_query(url, responses, tries=5))
         work = outcomes(url)
     assert quality(responses, rewards)["lost"] == 0 and all(0.0 <= r <= 1.0 for r in rewards)
