@@ -152,8 +152,8 @@ async def local_scorer(
     from egrm.factory import pipeline_from
 
     settings = settings or Settings()
-    judge_options = resolve_options(options, settings)
     async with pipeline_from(settings, engine) as pipeline:
+        judge_options = resolve_options(options, settings, pipeline.policy)
 
         async def score(items: Sequence[RewardItem]) -> list[RewardResult]:
             judged = [judge_item(i) for i in items]

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -101,12 +102,38 @@ def _eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
         consensus=args.consensus,
+        extra=args.extra,
+        policy=_eval_policy(args.policy),
     )
     try:
         return run_eval(args.data, args.split, args.limit, config, args.sweep, args.plot, args.json, args.template)
     except ValueError as exc:
         print(f"egrm eval: {exc}", file=sys.stderr)
         return 2
+
+
+def _eval_policy(choice: str) -> Any:
+    """--policy: the judge's own (as the service loads it), none (route on --tau), or a file."""
+    from egrm.factory import routing_policy
+    from egrm.pipeline.routing import RoutingPolicy
+
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return routing_policy(load_settings())
+    return RoutingPolicy.load(Path(choice))
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from egrm.evals.calibration import main as calibrate
+
+    check_model(load_settings())
+    report = calibrate(args.data, args.split, args.limit, args.error, args.confidence, args.extra, args.seed, args.out)
+    print(json.dumps(report))
+    if report["policy"] is None:
+        print("egrm calibrate: no policy keeps the short path's error under the bound: route on tau", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -271,6 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the estimator routing uses (both reported)",
     )
     ev.add_argument("--seed", type=int, default=1234)
+    ev.add_argument(
+        "--policy",
+        default="auto",
+        help="what routes the routed mode: auto (the judge's calibrated policy, if any, as the service loads it), "
+        "none (--tau), or a policy file",
+    )
+    ev.add_argument("--extra", type=int, default=5, help="adaptive M's extra samples (drawn on every forced short run)")
     ev.add_argument("--sweep", help="m=3,5,7,10 | tau=0.6,0.8,1.0 | strategy=ladder,fixed,nucleus")
     ev.add_argument("--plot", type=Path, help="write a PNG of the results here")
     ev.add_argument("--json", action="store_true", help="print the report as one JSON line on stdout")
@@ -282,6 +316,20 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--long-max-tokens", type=int, default=128, help="reasoning tokens per candidate (as served)")
     data.add_argument("--seed", type=int, default=7)
     data.set_defaults(func=_make_scorer_data)
+    cal = sub.add_parser(
+        "calibrate", help="choose the judge's routing policy on labelled items, under a stated short-path error bound"
+    )
+    cal.add_argument("--data", default="builtin:arith-mixed", help="builtin:arith, builtin:arith-mixed or a JSONL file")
+    cal.add_argument("--split", default="train", help="builtin sets: train (never the test split you evaluate on)")
+    cal.add_argument("--limit", type=int, default=600, help="calibration items, each difficulty keeping its share")
+    cal.add_argument("--error", type=float, default=0.03, help="the short path's error the policy must stay under")
+    cal.add_argument("--confidence", type=float, default=0.9, help="with this confidence (Clopper-Pearson, Bonferroni)")
+    cal.add_argument(
+        "--extra", type=int, default=5, help="adaptive M's extra samples, for the candidates that use them"
+    )
+    cal.add_argument("--seed", type=int, default=4321)
+    cal.add_argument("--out", type=Path, help="where to write the policy; default: beside the judge")
+    cal.set_defaults(func=_calibrate)
     tr = sub.add_parser("train-scorer", help="train the scorer (hybrid loss) on make-scorer-data output")
     tr.add_argument("--data", type=Path, default=Path("data/scorer/train.jsonl"), help="training JSONL")
     tr.add_argument("--out", type=Path, required=True, help="folder for scorer.json (or a .json path)")

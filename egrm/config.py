@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     )
     m: int = Field(5, ge=1, le=MAX_M, description="Default number of parallel samples M.")
     tau: float = Field(0.8, ge=0.0, le=1.0, description="Consensus threshold for the short path.")
+    routing_policy: str = Field(
+        "",
+        description="The routing policy `egrm calibrate` wrote for the judge (a JSON file); empty = the one beside "
+        "the judge (routing_policy.json in the judge adapter's folder, or in EGRM_MODEL's folder), if any; "
+        "`none` = route on tau alone. A request that names its own tau routes on it.",
+    )
     consensus: Literal["sampled", "exact"] = Field(
         "sampled",
         description="Default consensus estimator: the M samples' vote (the method), or the model's own "

@@ -13,6 +13,7 @@ from pathlib import Path
 from egrm.config import Settings
 from egrm.engines.base import Engine
 from egrm.engines.chat_templates import template_text
+from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.service import RewardPipeline
 from egrm.pipeline.sharing import SharingLimits
@@ -126,10 +127,36 @@ def sharing_limits(settings: Settings) -> SharingLimits | None:
     )
 
 
+POLICY_FILE = "routing_policy.json"
+
+
+def routing_policy_path(settings: Settings) -> Path | None:
+    """Where the judge's routing policy is: EGRM_ROUTING_POLICY, or beside the judge (the shipped
+    adapter's folder for the default judge, EGRM_MODEL's folder otherwise); None: route on tau."""
+    if settings.routing_policy == "none":
+        return None
+    if settings.routing_policy:
+        return Path(settings.routing_policy).expanduser()
+    adapter = adapter_path(settings)
+    folder = adapter if adapter is not None else model_path(settings)
+    beside = (folder if folder.is_dir() else folder.parent) / POLICY_FILE
+    return beside if beside.is_file() else None
+
+
+def routing_policy(settings: Settings) -> RoutingPolicy | None:
+    path = routing_policy_path(settings)
+    if path is None:
+        log.info("routing: tau=%g (no routing policy for this judge)", settings.tau)
+        return None
+    policy = RoutingPolicy.load(path)
+    log.info("routing: %s (%s)", policy.describe(), path)
+    return policy
+
+
 def build_pipeline(settings: Settings, engine: Engine, scorer: Scorer) -> RewardPipeline:
-    """The pipeline over an engine and a scorer: math-verify's checker, and sharing as the
-    settings say."""
-    return RewardPipeline(engine, scorer, sharing=sharing_limits(settings))
+    """The pipeline over an engine and a scorer: math-verify's checker, sharing as the settings
+    say, and the judge's routing policy."""
+    return RewardPipeline(engine, scorer, sharing=sharing_limits(settings), policy=routing_policy(settings))
 
 
 @asynccontextmanager

@@ -129,6 +129,7 @@ class JudgementOut(BaseModel):
 
 class TimingsOut(BaseModel):
     sample_ms: float
+    extra_ms: float = Field(0.0, description="Of sample_ms: adaptive M's extra samples, when they were drawn.")
     reasoning_ms: float
     scorer_ms: float
     total_ms: float
@@ -161,6 +162,9 @@ class RewardResult(BaseModel):
         None, description="With consensus=exact: the model's probability of its most likely short answer."
     )
     samples: list[SampleOut] | None = None
+    samples_drawn: int = Field(
+        0, description="Answer-only samples drawn: M, and adaptive M's extra ones when the vote was borderline."
+    )
     candidates: list[CandidateOut] | None = None
     degraded: bool = False
     shared: SharedLiteral | None = Field(None, description=SHARED_DESCRIPTION)
@@ -171,5 +175,8 @@ class RewardResult(BaseModel):
 class RewardResponse(BaseModel):
     object: Literal["reward.list"] = "reward.list"
     model: str
+    routing: str = Field(
+        "", description="What routed the auto path: the judge's calibrated policy, or the threshold tau."
+    )
     results: list[RewardResult]
     usage: Usage

@@ -112,6 +112,13 @@ def check_model(settings: Settings) -> None:
         check_setting(settings.chat_template)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
+    if settings.routing_policy not in ("", "none"):
+        from egrm.pipeline.routing import RoutingPolicy
+
+        try:
+            RoutingPolicy.load(Path(settings.routing_policy).expanduser())
+        except ValueError as exc:
+            raise StartupError(f"EGRM_ROUTING_POLICY: {exc}") from None
     if not settings.chat_template and not model_has_template(folder):
         raise StartupError(
             f"the model at {folder} has no chat template (a base model?): set EGRM_CHAT_TEMPLATE to one of "

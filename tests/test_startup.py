@@ -110,3 +110,10 @@ def test_a_gpu_asked_for_where_there_is_none_is_one_line():
     env = {"EGRM_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}
     (line,) = refused(egrm("serve", "--port", str(free_port()), env=env))
     assert line.startswith("egrm: EGRM_DEVICE=cuda but torch sees no CUDA device") and "unset it" in line
+
+
+def test_a_routing_policy_that_does_not_load_is_one_line(tmp_path):
+    bad = tmp_path / "policy.json"
+    bad.write_text('{"name": "x"}')
+    (line,) = refused(egrm("serve", "--port", str(free_port()), env={"EGRM_ROUTING_POLICY": str(bad)}))
+    assert line.startswith("egrm: EGRM_ROUTING_POLICY: ") and "not a routing policy" in line

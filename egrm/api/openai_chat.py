@@ -193,7 +193,7 @@ async def chat_completions(
 ) -> ChatCompletionResponse | StreamingResponse:
     model = served_model(settings, pipeline)
     check_model(body.model, model)
-    options = resolve_options(chat_options(body), settings)
+    options = resolve_options(chat_options(body), settings, pipeline.policy)
     item = judge_item(body.messages)
     (result,), usage = await score_items(
         request, pipeline, settings, metrics, "/v1/chat/completions", [item], options, lambda _: "messages"

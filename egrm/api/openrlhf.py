@@ -81,7 +81,7 @@ async def get_reward(
     body: GetRewardRequest, request: Request, pipeline: PipelineDep, settings: SettingsDep, metrics: MetricsDep
 ) -> GetRewardResponse:
     check_item_count(len(body.query), settings, "query")
-    options = resolve_options(body.egrm or RewardOptions(), settings)
+    options = resolve_options(body.egrm or RewardOptions(), settings, pipeline.policy)
     if options.template == "pairwise":
         message = "egrm.template: pairwise needs two responses per item; use POST /v1/rewards"
         raise ApiError(422, message, "egrm.template")

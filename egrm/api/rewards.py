@@ -12,6 +12,7 @@ from egrm.api.scoring import (
     candidates_out,
     check_item_count,
     resolve_options,
+    routing_of,
     samples_out,
     score_items,
     served_model,
@@ -56,6 +57,7 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
         votes=r.votes,
         exact_consensus=r.exact.probability if r.exact else None,
         samples=samples_out(r),
+        samples_drawn=r.samples_drawn,
         candidates=candidates_out(r),
         degraded=r.degraded,
         shared=shared_out(r),
@@ -68,11 +70,12 @@ def to_wire(index: int, item: JudgeItem, r: ItemResult) -> RewardResult:
 async def rewards(
     body: RewardRequest, request: Request, pipeline: PipelineDep, settings: SettingsDep, metrics: MetricsDep
 ) -> RewardResponse:
-    options = resolve_options(body.options, settings)
+    options = resolve_options(body.options, settings, pipeline.policy)
     items = judge_items(body, options, settings)
     results, usage = await score_items(request, pipeline, settings, metrics, "/v1/rewards", items, options)
     return RewardResponse(
         model=served_model(settings, pipeline),
+        routing=routing_of(options),
         results=[to_wire(i, item, r) for i, (item, r) in enumerate(zip(items, results, strict=True))],
         usage=UsageOut(
             prompt_tokens=usage.prompt_tokens,

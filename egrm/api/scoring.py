@@ -16,6 +16,7 @@ from egrm.api.errors import ApiError
 from egrm.api.lifecycle import guarded
 from egrm.config import Settings, temperature_ladder
 from egrm.metrics import Metrics
+from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.service import PromptTooLongError, RewardPipeline
 from egrm.pipeline.types import ConsensusMode, ItemResult, JudgeItem, JudgeOptions, PathMode, Usage
 from egrm.protocol import (
@@ -33,7 +34,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
+def resolve_options(options: RewardOptions, settings: Settings, policy: RoutingPolicy | None = None) -> JudgeOptions:
+    """The request's options over the service's defaults. The judge's routing policy routes the
+    auto path unless the request names its own tau (then the method's threshold does)."""
     if options.temperatures is not None:
         temperatures = list(options.temperatures)
     else:
@@ -48,7 +51,13 @@ def resolve_options(options: RewardOptions, settings: Settings) -> JudgeOptions:
         seed=options.seed,
         long_max_tokens=settings.long_max_tokens,
         consensus=ConsensusMode(options.consensus or settings.consensus),
+        policy=policy if options.tau is None else None,
     )
+
+
+def routing_of(options: JudgeOptions) -> str:
+    """What routes the auto path, in words (the responses say it)."""
+    return options.policy.describe() if options.policy is not None else f"tau={options.tau:g}"
 
 
 _BACKSTOP_S = 5.0  # past the deadline, for work outside the items (encoding a huge batch)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from egrm.config import temperature_ladder
 from egrm.evals.data import LabelledItem
 from egrm.pipeline.consensus import tally
+from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.service import RewardPipeline
 from egrm.pipeline.types import ConsensusMode, ItemResult, JudgeOptions, PathMode, Route
 
@@ -34,6 +35,8 @@ class EvalConfig:
     seed: int = 1234
     modes: tuple[str, ...] = MODES
     consensus: str = "sampled"  # the estimator routing uses; both are measured on every item
+    extra: int = 5  # adaptive M's extra samples, drawn on every forced short run (read offline)
+    policy: RoutingPolicy | None = None  # routes the routed mode instead of tau
 
     def sampling(self) -> tuple[list[float], float]:
         """Per-branch temperatures and the shared top-p of a strategy."""
@@ -58,6 +61,8 @@ class EvalConfig:
             long_max_tokens=self.long_max_tokens,
             consensus=ConsensusMode(self.consensus),
             with_exact=True,
+            policy=self.policy,
+            extra_always=self.extra if mode == "short" else 0,
         )
 
 
@@ -73,6 +78,8 @@ class ModeRun:
     candidates: list[str] = field(default_factory=list)  # long path: the reasoning texts
     reward: float | None = None
     verdict_by: str | None = None  # what decided (equivalence, judge, reference)
+    extra_ms: float = 0.0  # of latency_ms: adaptive M's extra samples (forced short runs draw them)
+    samples_drawn: int = 0
 
     @classmethod
     def of(cls, result: ItemResult) -> ModeRun:
@@ -85,6 +92,8 @@ class ModeRun:
             candidates=[c.reasoning for c in result.candidates or []],
             reward=result.reward,
             verdict_by=result.judgements[0].by.value if result.judgements else None,
+            extra_ms=result.timings.extra_ms,
+            samples_drawn=result.samples_drawn,
         )
 
 
@@ -94,6 +103,7 @@ class Estimate:
 
     consensus: float
     answer: str | None  # what the short path answers when routed by this estimator
+    vote: str | None = None  # the answer it holds the response against (a class of equal answers)
 
 
 @dataclass(slots=True)
@@ -132,16 +142,22 @@ async def evaluate(
         runs = {mode: ModeRun.of(r) for mode, r in results.items()}
         # The forced short run reads both estimators' short answers; other runs may lack one.
         read = results["short"] if "short" in results else results[config.modes[0]]
-        outcomes.append(ItemOutcome(item, estimates(read), runs, config.consensus))
+        outcomes.append(ItemOutcome(item, estimates(read, config.m), runs, config.consensus))
         progress()
     return outcomes
 
 
-def estimates(result: ItemResult) -> dict[str, Estimate]:
-    """Both estimators' consensus and short-path answer, from an item run with with_exact."""
+def estimates(result: ItemResult, m: int) -> dict[str, Estimate]:
+    """Each estimator's consensus and short-path answer, from an item run with with_exact: the M
+    samples' vote, the greedy answer's probability, and (when extra samples were drawn) the vote
+    with adaptive M's extra ones."""
     if result.exact is None or result.samples is None:
         raise ValueError("evaluation needs the samples and the exact estimate of every item")
-    return {
-        "sampled": Estimate(tally([s.vote for s in result.samples]).consensus, result.majority_answer),
-        "exact": Estimate(result.exact.probability, result.exact.answer),
+    vote = tally([s.vote for s in result.samples[:m]])
+    out = {
+        "sampled": Estimate(vote.consensus, result.majority_answer, vote.majority),
+        "exact": Estimate(result.exact.probability, result.exact.answer, result.exact.vote),
     }
+    if result.extended is not None:
+        out["all"] = Estimate(result.extended.consensus, result.extended.answer)
+    return out

@@ -80,6 +80,31 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    if report.get("frontier"):
+        plot_frontier(report["frontier"], path.with_name(path.stem + "_frontier" + path.suffix))
+    return path
+
+
+def plot_frontier(points: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Accuracy against latency, one marker per way to route (eval.py's frontier)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    markers = {"always": "s", "vote": "o", "exact": "^", "adaptive": "D", "calibrated": "*"}
+    for kind, marker in markers.items():
+        mine = [p for p in points if p["kind"] == kind]
+        if mine:
+            xs = [p["latency_ratio_routed_vs_long"] for p in mine]
+            ys = [p["accuracy_routed"] for p in mine]
+            ax.scatter(xs, ys, marker=marker, s=120 if kind == "calibrated" else 50, label=kind)
+            for p, x, y in zip(mine, xs, ys, strict=True):
+                label = f"{p['name'].split(':')[0]} ({p['short_path_rate']:.0%} short)"
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set(xlabel="mean latency, against reasoning on every item", ylabel="accuracy")
+    ax.set_title("Routing: accuracy against latency")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 

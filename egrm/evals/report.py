@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from egrm.evals.data import LabelledItem
+from egrm.evals.frontier import frontier
 from egrm.evals.harness import ESTIMATORS, MODES, Estimate, EvalConfig, ItemOutcome, ModeRun
 from egrm.pipeline.types import Route
 
@@ -95,9 +96,39 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
     if "short" in modes and "long" in modes:
         report["tau_curve"] = tau_curve(outcomes, config.consensus)
     report["consensus_estimators"] = {name: estimator(outcomes, config.tau, name, modes) for name in ESTIMATORS}
+    report["routing"] = config.policy.describe() if config.policy is not None else f"tau={config.tau:g}"
+    if "short" in modes and "long" in modes:
+        report["frontier"] = frontier(outcomes, config.m, config.extra, config.policy)
+    if "short" in modes:
+        report["short_path_slips"] = slips(outcomes)
     if "long" in modes:
         report["diversity"] = diversity(outcomes)
     return report
+
+
+def slips(outcomes: Sequence[ItemOutcome]) -> dict[str, Any]:
+    """The short path's confident mistakes: items whose M samples were unanimous and whose short
+    answer was wrong, by difficulty, by what went wrong (a right response called wrong, or a wrong
+    one called right: then how the near miss differs), and by the question's form."""
+    unanimous = [o for o in outcomes if o.estimates["sampled"].consensus >= 1.0]
+    wrong = [o for o in unanimous if o.estimates["sampled"].answer != o.item.gold]
+
+    def miss(o: ItemOutcome) -> str:
+        if o.item.gold == "Yes":
+            return "right response called wrong"
+        if o.item.truth is None or o.item.proposed is None:
+            return "wrong response called right"
+        gap = abs(o.item.proposed - o.item.truth)
+        kind = {1: "off by 1", 10: "off by 10", 100: "off by 100"}.get(gap, "digits swapped")
+        return f"wrong response called right ({kind})"
+
+    return {
+        "unanimous": len(unanimous),
+        "wrong": len(wrong),
+        "by_difficulty": dict(Counter(o.item.difficulty for o in wrong)),
+        "by_kind": dict(Counter(miss(o) for o in wrong)),
+        "by_question_form": dict(Counter(_group(o.item, "form") or "-" for o in wrong)),
+    }
 
 
 def _group(item: LabelledItem, field: str) -> str:

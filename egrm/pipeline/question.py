@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, replace
 from egrm.engines.base import Branch, BranchParams, Engine
 from egrm.pipeline.consensus import Tally, choose_route, tally
 from egrm.pipeline.longpath import Reasoned, reason_and_score, usage_of
+from egrm.pipeline.routing import Signals
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.templates import JUDGE
-from egrm.pipeline.types import ConsensusMode, ExactConsensus, Judgement, JudgeOptions, Route, Usage
+from egrm.pipeline.types import ConsensusMode, ExactConsensus, Judgement, JudgeOptions, PathMode, Route, Usage
 from egrm.pipeline.verifier import AnswerChecker
 
 # What a token id held in a list costs in Python: a pointer, and an int object above 256.
@@ -33,15 +34,21 @@ class QuestionWork:
     """The judge's work on one question; every response to it is judged against this."""
 
     key: bytes  # what decided it (question_key)
-    branches: list[Branch]  # the M answer-only samples, then the greedy one of the exact estimate
+    # The M answer-only samples, the greedy one of the exact estimate (when asked), then the extra
+    # samples of adaptive M (when drawn).
+    branches: list[Branch]
     keys: list[str | None]  # each branch's answer class (equal answers share one)
     m: int
+    has_greedy: bool
     tally: Tally  # the M samples' vote
     exact: ExactConsensus | None
     consensus: float  # the estimate routing used
     route: Route
     usage: Usage
     sample_ms: float
+    extra_ms: float = 0.0  # of sample_ms: the extra samples'
+    tally_all: Tally | None = None  # the vote of the M and the extra samples, when extra were drawn
+    by_all: bool = False  # the extended vote routed (adaptive M): the short path answers by it
     reasoned: Reasoned | None = None  # the long path's candidates, when the route is long
     # A response's judgement that needed the judge's Yes/No follow-up, by (which judgement,
     # response): the same response gets the same verdict, whatever else ran beside it.
@@ -57,7 +64,16 @@ class QuestionWork:
 
     @property
     def greedy(self) -> Branch | None:
-        return self.branches[self.m] if len(self.branches) > self.m else None
+        return self.branches[self.m] if self.has_greedy else None
+
+    @property
+    def voters(self) -> list[int]:
+        """The branches of the extended vote: the M samples and the extra ones."""
+        return [*range(self.m), *range(self.m + self.has_greedy, len(self.branches))]
+
+    @property
+    def samples_drawn(self) -> int:
+        return len(self.voters)
 
     @property
     def handles(self) -> list[object]:
@@ -69,11 +85,9 @@ class QuestionWork:
     def texts(self) -> list[str]:
         return [b.text for b in self.branches]
 
-    @property
-    def leader(self) -> Branch | None:
-        """The first sample that gave the majority answer (its branch continues for a Yes/No)."""
-        majority = self.tally.majority
-        return next((b for b, k in zip(self.samples, self.keys, strict=False) if k is not None and k == majority), None)
+    def leader(self, voters: list[int], majority: str | None) -> Branch | None:
+        """The first voter that gave the majority answer (its branch continues for a Yes/No)."""
+        return next((self.branches[i] for i in voters if self.keys[i] is not None and self.keys[i] == majority), None)
 
     @property
     def nbytes(self) -> int:
@@ -100,6 +114,8 @@ def question_key(model: str, prompt_ids: Sequence[int], options: JudgeOptions) -
         "with_exact": options.with_exact,
         "long_max_tokens": options.long_max_tokens,
         "seed": options.seed,
+        "policy": options.policy.key if options.policy is not None else None,
+        "extra_always": options.extra_always,
     }
     digest = hashlib.blake2b(json.dumps(decided, sort_keys=True).encode(), digest_size=32)
     digest.update(b"".join(i.to_bytes(4, "little") for i in prompt_ids))
@@ -122,25 +138,62 @@ async def judge_question(
     keys = (await checker.compare([b.text for b in branches], [])).answer_keys
     counted = tally(keys[: options.m])
     greedy = branches[options.m] if options.needs_exact else None
-    exact = ExactConsensus(keys[-1], exact_probability(greedy)) if greedy else None
+    exact = ExactConsensus(keys[options.m], exact_probability(greedy)) if greedy else None
+    policy = options.policy if options.path is PathMode.AUTO else None
+    extra = options.extra_always or (policy.extra if policy and policy.wants_extra(counted.consensus) else 0)
+    counted_all, extra_start = None, time.perf_counter()
+    if extra:  # adaptive M: more samples from the same cached prompt before deciding
+        branches += await engine.sample(prompt_ids, extra_params(options, extra), tag)
+        keys = (await checker.compare([b.text for b in branches], [])).answer_keys
+        voters = [*keys[: options.m], *keys[options.m + (greedy is not None) :]]
+        counted_all = tally(voters)
+    extra_ms = (time.perf_counter() - extra_start) * 1000 if extra else 0.0
     by_exact_estimate = exact is not None and options.consensus is ConsensusMode.EXACT
     consensus = exact.probability if exact is not None and by_exact_estimate else counted.consensus
+    if policy is not None:
+        signals = Signals(
+            consensus=counted.consensus,
+            exact=exact.probability if exact else None,
+            agrees=exact.vote == counted.majority if exact else None,
+            consensus_all=counted_all.consensus if counted_all else None,
+        )
+        route = Route.SHORT if policy.short(signals) else Route.LONG
+        by_all = counted_all is not None and policy.wants_extra(counted.consensus)
+        consensus = counted_all.consensus if by_all and counted_all else consensus
+    else:
+        route, by_all = choose_route(consensus, options.tau, options.path), False
     work = QuestionWork(
         key=key,
         branches=branches,
         keys=keys,
         m=options.m,
+        has_greedy=greedy is not None,
         tally=counted,
         exact=exact,
         consensus=consensus,
-        route=choose_route(consensus, options.tau, options.path),
+        route=route,
+        tally_all=counted_all,
+        by_all=by_all,
         usage=usage_of(branches),
         sample_ms=(time.perf_counter() - start) * 1000,
+        extra_ms=extra_ms,
     )
     if work.route is Route.LONG:
         work.reasoned = await reason_and_score(engine, scorer, checker, prompt, work.samples, options, tag)
         work.usage.add(work.reasoned.usage)
     return work
+
+
+def extra_params(options: JudgeOptions, extra: int) -> list[BranchParams]:
+    """Adaptive M's extra samples: the ladder again, on seeds of their own."""
+    ladder = options.temperatures
+    seeds = [None if options.seed is None else options.seed + 100 + i for i in range(extra)]
+    return [
+        BranchParams(
+            temperature=ladder[i % len(ladder)], top_p=options.top_p, max_new_tokens=JUDGE.answer_tokens, seed=seed
+        )
+        for i, seed in enumerate(seeds)
+    ]
 
 
 def short_answer_params(options: JudgeOptions) -> list[BranchParams]:

@@ -14,12 +14,13 @@ from egrm.engines.base import Engine
 from egrm.pipeline.judgement import by_equivalence, by_exact, by_verdicts
 from egrm.pipeline.longpath import followup, judge_long, usage_of, verdicts
 from egrm.pipeline.question import QuestionWork, judge_question, question_key
+from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.sharing import SharedWork, SharingLimits
 from egrm.pipeline.templates import JUDGE, get_template
 from egrm.pipeline.types import (
     ConsensusMode,
-    ExactConsensus,
+    ExtendedVote,
     ItemResult,
     JudgeItem,
     Judgement,
@@ -57,11 +58,14 @@ class RewardPipeline:
         scorer: Scorer,
         checker: AnswerChecker | None = None,
         sharing: SharingLimits | None = None,
+        policy: RoutingPolicy | None = None,
     ):
         """checker: how answers are compared; by default math-verify in a worker process of its own
         (started on first use, stopped by close()). sharing: keep each question's work for every
-        response to it, across requests (sharing.py); None: each item computes its own."""
+        response to it, across requests (sharing.py); None: each item computes its own. policy: the
+        judge's routing policy (routing.py), which the service's requests route by; None: tau."""
         self.engine = engine
+        self.policy = policy
         self.scorer = scorer
         self.checker = checker if checker is not None else MathVerifyChecker()
         self.questions: SharedWork[QuestionWork] | None = None
@@ -223,34 +227,38 @@ class RewardPipeline:
             answer=None,
             route=work.route,
             consensus=work.consensus,
-            votes=dict(work.tally.votes),
+            votes=dict((work.tally_all if work.by_all and work.tally_all else work.tally).votes),
             exact=work.exact,
-            timings=Timings(sample_ms=work.sample_ms),
+            samples_drawn=work.samples_drawn,
+            timings=Timings(sample_ms=work.sample_ms, extra_ms=work.extra_ms),
         )
         if options.return_samples:
             result.samples = [
-                Sample(s.text, t, k) for s, t, k in zip(work.samples, options.temperatures, work.keys, strict=False)
+                Sample(work.branches[i].text, _temperature(options, n), work.keys[i]) for n, i in enumerate(work.voters)
             ]
         # The short path's judgement: the vote's (its leader continues when the judge must say
-        # Yes/No) and, when asked for, the exact estimate's (its greedy branch continues).
-        # Evaluation (with_exact) reads both wherever it can; the long path keeps the leader.
+        # Yes/No; with adaptive M's extra samples, the extended vote's) and, when asked for, the
+        # exact estimate's (its greedy branch continues). Evaluation (with_exact) reads each
+        # wherever it can; the long path keeps the leader.
         short = work.route is Route.SHORT
         by_exact_estimate = work.exact is not None and options.consensus is ConsensusMode.EXACT
-        want_sampled = short and (options.with_exact or not by_exact_estimate)
-        want_exact = work.exact is not None and (options.with_exact or (short and by_exact_estimate))
-        sampled = exact_short = None
-        if want_sampled or want_exact:
+        routing = "exact" if by_exact_estimate else "all" if work.by_all else "sampled"
+        wanted = {"sampled", "exact", "all"} if options.with_exact else ({routing} if short else set())
+        wanted -= set() if work.exact is not None else {"exact"}
+        wanted -= set() if work.tally_all is not None else {"all"}
+        found: dict[str, Judgement] = {}
+        if wanted:
             comparison = await self.checker.compare(work.texts, [response])
-            if want_sampled:
-                sampled = await self._short(work, item, response, comparison, None, result.usage, tag)
-            if work.exact is not None and want_exact:
-                exact_short = await self._short(work, item, response, comparison, work.exact, result.usage, tag)
-                result.exact = replace(work.exact, answer=exact_short.verdict)
-        result.majority_answer = sampled.verdict if sampled else None
+            for vote in sorted(wanted):
+                found[vote] = await self._short(work, item, response, comparison, vote, result.usage, tag)
+        if "exact" in found and work.exact is not None:
+            result.exact = replace(work.exact, answer=found["exact"].verdict)
+        if work.tally_all is not None:
+            verdict = found["all"].verdict if "all" in found else None
+            result.extended = ExtendedVote(work.tally_all.consensus, work.samples_drawn, verdict)
+        result.majority_answer = found["sampled"].verdict if "sampled" in found else None
         if short:
-            chosen = exact_short if by_exact_estimate else sampled
-            assert chosen is not None  # computed above for the estimator that routes
-            result.judgements = [chosen]
+            result.judgements = [found[routing]]
             return result
         reasoned = work.reasoned
         assert reasoned is not None  # the long route reasons
@@ -270,18 +278,24 @@ class RewardPipeline:
         item: JudgeItem,
         response: str,
         comparison: Comparison,
-        exact: ExactConsensus | None,
+        vote: str,
         usage: Usage,
         tag: object = None,
     ) -> Judgement:
-        """The short path's judgement of the response against the vote's answer (or, with exact,
-        the greedy one): by equivalence where checkable, else by its branch's Yes/No follow-up."""
-        keys = work.keys[: work.m]
-        if exact is not None:
-            answer, branch = exact.vote, work.greedy
-            decided = by_exact(comparison, keys, answer, exact.probability)
+        """The short path's judgement of the response against a vote's answer: the M samples'
+        ("sampled"), with adaptive M's extra ones ("all"), or the greedy one's ("exact"): by
+        equivalence where checkable, else by that answer's branch's Yes/No follow-up."""
+        voters = list(range(work.m)) if vote != "all" else work.voters
+        keys = [work.keys[i] for i in voters]
+        if vote == "exact":
+            assert work.exact is not None
+            answer, branch = work.exact.vote, work.greedy
+            decided = by_exact(comparison, keys, answer, work.exact.probability)
         else:
-            answer, branch = work.tally.majority, work.leader
+            counted = work.tally_all if vote == "all" else work.tally
+            assert counted is not None
+            answer = counted.majority
+            branch = work.leader(voters, answer)
             decided = by_equivalence(comparison, keys, [1.0] * len(keys), answer)
         if decided is not None:
             return decided
@@ -292,7 +306,7 @@ class RewardPipeline:
             (verdict,) = await verdicts(self.engine, followup(self.engine, item, response), [branch], tag)
             return by_verdicts([verdict], [1.0], comparison, answer), [], usage_of([verdict])
 
-        judgement, _, spent = await self._memo(work, ("exact" if exact else "sampled", response), ask)
+        judgement, _, spent = await self._memo(work, (vote, response), ask)
         usage.add(spent)
         return judgement
 
@@ -330,3 +344,8 @@ def merged(runs: Sequence[ItemResult]) -> ItemResult:
         first.usage.add(other.usage)
         first.degraded = first.degraded or other.degraded
     return first
+
+
+def _temperature(options: JudgeOptions, n: int) -> float:
+    """The temperature of the n-th voter: the ladder, then again for adaptive M's extra samples."""
+    return options.temperatures[n % len(options.temperatures)]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from egrm.pipeline.routing import RoutingPolicy
 
 
 class Route(str, Enum):
@@ -62,10 +66,13 @@ class JudgeOptions:
     long_max_tokens: int = 128
     consensus: ConsensusMode = ConsensusMode.SAMPLED
     with_exact: bool = False  # estimate the exact consensus even when routing on the sampled one
+    policy: RoutingPolicy | None = None  # routes the auto path instead of tau (routing.py)
+    extra_always: int = 0  # evaluation: draw this many extra samples on every item (adaptive M, offline)
 
     @property
     def needs_exact(self) -> bool:
-        return self.with_exact or self.consensus is ConsensusMode.EXACT
+        policy_needs = self.policy is not None and self.policy.needs_exact
+        return self.with_exact or self.consensus is ConsensusMode.EXACT or policy_needs
 
     @property
     def m(self) -> int:
@@ -107,6 +114,15 @@ class ExactConsensus:
     answer: str | None = None  # the short path's verdict from it, when it was asked for
 
 
+@dataclass(frozen=True, slots=True)
+class ExtendedVote:
+    """The vote of the M samples and adaptive M's extra ones."""
+
+    consensus: float
+    samples: int
+    answer: str | None = None  # the short path's verdict by it, when asked for
+
+
 @dataclass(slots=True)
 class ScoredCandidate:
     """One long-path candidate: its reasoning, the result it reached, and its scorer score."""
@@ -132,6 +148,7 @@ class Usage:
 @dataclass(slots=True)
 class Timings:
     sample_ms: float = 0.0
+    extra_ms: float = 0.0  # of sample_ms: adaptive M's extra samples (drawing and reading them)
     reasoning_ms: float = 0.0
     scorer_ms: float = 0.0
     total_ms: float = 0.0
@@ -146,7 +163,9 @@ class ItemResult:
     votes: dict[str, int]
     judgements: list[Judgement] = field(default_factory=list)  # one per response (pairwise: A, B)
     exact: ExactConsensus | None = None
+    extended: ExtendedVote | None = None  # the vote with adaptive M's extra samples, when they were drawn
     majority_answer: str | None = None  # the short path's verdict from the vote, when it was asked for
+    samples_drawn: int = 0  # answer-only samples drawn: M, and adaptive M's extra ones
     samples: list[Sample] | None = None
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False

@@ -239,3 +239,17 @@ def test_text_holding_the_old_in_band_marker_is_plain_text(client):
     a, b = (post(client, {"items": [item], "options": options}).json()["results"][0] for item in (marked, plain))
     assert a["error"] is None and a["judgements"][0]["response_answer"] == "4"
     assert (a["verdict"], a["verdict_by"]) == (b["verdict"], b["verdict_by"]) == ("Yes", "equivalence")
+
+
+def test_the_judges_routing_policy_routes_and_the_answer_says_so(engine, tmp_path):
+    from egrm.pipeline.routing import RoutingPolicy
+
+    path = tmp_path / "policy.json"
+    RoutingPolicy("calibrated here", 0.8, min_exact=0.5).save(path)
+    item = {"prompt": "What is 2+2?", "response": "4"}
+    with TestClient(create_app(Settings(routing_policy=str(path)), engine=engine)) as c:
+        routed = c.post("/v1/rewards", json={"items": [item]}).json()
+        own_tau = c.post("/v1/rewards", json={"items": [item], "options": {"tau": 0.6}}).json()
+    assert routed["routing"] == "calibrated here: consensus >= 0.8, exact >= 0.5"
+    assert own_tau["routing"] == "tau=0.6"  # a request that names its tau routes on it
+    assert routed["results"][0]["samples_drawn"] == 5

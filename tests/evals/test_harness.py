@@ -75,6 +75,13 @@ def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
     assert report["consensus_estimators"]["exact"]["tau_curve"][0]["tau"] == 0.6
     assert set(report["latency_ms"]["routed"]) == {"mean", "p50", "p99"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The frontier: every way to route, replayed from the same forced runs, and drawn beside.
+    kinds = {p["kind"] for p in report["frontier"]}
+    assert {"always", "vote", "exact", "adaptive"} <= kinds and report["routing"].startswith(("tau=", "calibrated"))
+    (long,) = [p for p in report["frontier"] if p["name"] == "always long"]
+    assert long["latency_ratio_routed_vs_long"] == 1.0 and long["accuracy_routed"] == report["accuracy_always_long"]
+    assert (tmp_path / "eval_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"unanimous", "wrong", "by_kind"} <= set(report["short_path_slips"])
     assert "accuracy_routed" in done.stderr  # the table
 
 

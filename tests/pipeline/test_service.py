@@ -183,3 +183,19 @@ def test_a_refused_item_cancels_its_siblings(loaded_fp32, checker):
         assert asyncio.run(refused_then_idle()) == 0  # its queued job was dropped, not run
     finally:
         asyncio.run(engine.close())
+
+
+def test_adaptive_m_draws_more_samples_from_the_prompt_and_routes_on_them(engine, checker):
+    from egrm.pipeline.routing import RoutingPolicy
+
+    more = RoutingPolicy("every vote draws 3 more", 0.0, extra=3, borderline=1.01, min_consensus_all=0.0)
+    result = asyncio.run(
+        RewardPipeline(engine, HeuristicScorer(), checker).score_item(ITEM, options(policy=more, return_samples=True))
+    )
+    assert result.samples_drawn == 8 and len(result.samples) == 8 and result.route is Route.SHORT
+    assert result.extended is not None and result.extended.samples == 8
+    assert sum(result.votes.values()) == sum(s.vote is not None for s in result.samples)  # the vote of all 8
+    assert result.consensus == result.extended.consensus
+    never = RoutingPolicy("a greedy answer never that sure", 0.0, min_exact=1.01)
+    long = asyncio.run(RewardPipeline(engine, HeuristicScorer(), checker).score_item(ITEM, options(policy=never)))
+    assert long.route is Route.LONG and long.samples_drawn == 5 and long.exact is not None  # it read the greedy one
