@@ -243,7 +243,9 @@ class RewardPipeline:
         short = work.route is Route.SHORT
         by_exact_estimate = work.exact is not None and options.consensus is ConsensusMode.EXACT
         routing = "exact" if by_exact_estimate else "all" if work.by_all else "sampled"
-        wanted = {"sampled", "exact", "all"} if options.with_exact else ({routing} if short else set())
+        wanted = {routing} if short else set()
+        if options.with_exact:  # every vote it can, where the route is short; the exact one anywhere
+            wanted |= {"exact", "sampled", "all"} if short else {"exact"}
         wanted -= set() if work.exact is not None else {"exact"}
         wanted -= set() if work.tally_all is not None else {"all"}
         found: dict[str, Judgement] = {}

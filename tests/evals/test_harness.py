@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) -> None:
     items = take(builtin_arith("test"), 3)
-    config = EvalConfig(long_max_tokens=8)
+    config = EvalConfig(long_max_tokens=8, extra=0)  # no adaptive samples: the modes' own tokens
     outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
     for o in outcomes:
         assert set(o.runs) == {"routed", "short", "long"}
