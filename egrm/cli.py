@@ -127,8 +127,20 @@ def _eval_policy(choice: str) -> Any:
 def _calibrate(args: argparse.Namespace) -> int:
     from egrm.evals.calibration import main as calibrate
 
-    check_model(load_settings())
-    report = calibrate(args.data, args.split, args.limit, args.error, args.confidence, args.extra, args.seed, args.out)
+    if args.signals is None:
+        check_model(load_settings())
+    report = calibrate(
+        args.data,
+        args.split,
+        args.limit,
+        args.error,
+        args.confidence,
+        args.extra,
+        args.seed,
+        args.out,
+        signals_in=args.signals,
+        signals_out=args.save_signals,
+    )
     print(json.dumps(report))
     if report["policy"] is None:
         print("egrm calibrate: no policy keeps the short path's error under the bound: route on tau", file=sys.stderr)
@@ -284,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="verdict",
         help="pairwise: each builtin item as a right-vs-wrong pair, asked in both orders",
     )
-    ev.add_argument("--split", default="test", help="builtin sets: train or test")
+    ev.add_argument("--split", default="test", help="builtin sets: test, train or calibration")
     ev.add_argument("--limit", type=int, help="at most this many items, each difficulty keeping its share")
     ev.add_argument("--m", type=int, default=5, help="answer-only samples per item")
     ev.add_argument("--tau", type=float, default=0.8, help="consensus threshold for the short path")
@@ -320,15 +332,19 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate", help="choose the judge's routing policy on labelled items, under a stated short-path error bound"
     )
     cal.add_argument("--data", default="builtin:arith-mixed", help="builtin:arith, builtin:arith-mixed or a JSONL file")
-    cal.add_argument("--split", default="train", help="builtin sets: train (never the test split you evaluate on)")
-    cal.add_argument("--limit", type=int, default=600, help="calibration items, each difficulty keeping its share")
+    cal.add_argument(
+        "--split", default="calibration", help="builtin sets: calibration (questions neither trained on nor in test)"
+    )
+    cal.add_argument("--limit", type=int, help="at most this many items, each difficulty keeping its share")
     cal.add_argument("--error", type=float, default=0.03, help="the short path's error the policy must stay under")
-    cal.add_argument("--confidence", type=float, default=0.9, help="with this confidence (Clopper-Pearson, Bonferroni)")
+    cal.add_argument("--confidence", type=float, default=0.9, help="with this confidence (learn-then-test)")
     cal.add_argument(
         "--extra", type=int, default=5, help="adaptive M's extra samples, for the candidates that use them"
     )
     cal.add_argument("--seed", type=int, default=4321)
     cal.add_argument("--out", type=Path, help="where to write the policy; default: beside the judge")
+    cal.add_argument("--save-signals", type=Path, help="also write each item's signals (JSONL), to choose again later")
+    cal.add_argument("--signals", type=Path, help="choose on signals saved earlier instead of running the judge")
     cal.set_defaults(func=_calibrate)
     tr = sub.add_parser("train-scorer", help="train the scorer (hybrid loss) on make-scorer-data output")
     tr.add_argument("--data", type=Path, default=Path("data/scorer/train.jsonl"), help="training JSONL")

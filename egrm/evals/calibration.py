@@ -2,29 +2,55 @@
 
 Every calibration item runs once down the short path (seeded; with the greedy branch and adaptive
 M's extra samples), which gives its signals (routing.py) and whether each short answer is right.
-Each candidate policy then sends some items short; among the candidates whose short-path error
-stays under the bound with the stated confidence, the one that sends the most items short wins.
-The confidence is a one-sided Clopper-Pearson bound on the short path's error, split over all the
-candidates tried (Bonferroni), since the choice is made on the same items. Evaluation must run on
-other items (`egrm eval` on the test split): the policy is never scored on what it was fitted on.
+Each candidate policy then sends some items short. The guarantee is Learn-then-Test's fixed
+sequence (Angelopoulos et al., 2021): the items are split in two; the first half orders the
+candidates from safest to boldest (by their error bound there); the second half tests them in that
+order, each with a one-sided Clopper-Pearson bound at the full confidence, and the walk stops at
+the first that fails. Every candidate that passed keeps the short path's error under the bound with
+the stated confidence, all together, so the one that sends the most items short is chosen. (A
+Bonferroni split over ~100 candidates asks for several hundred short items without one error.)
+Evaluation must run on other items (`egrm eval` on the test split): the policy is never scored on
+what it was fitted on.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 from egrm.evals.frontier import signals
 from egrm.evals.harness import ItemOutcome
-from egrm.pipeline.routing import RoutingPolicy
+from egrm.pipeline.routing import RoutingPolicy, Signals
 
 MIN_CONSENSUS = (0.6, 0.8, 1.0)
 MIN_EXACT: tuple[float | None, ...] = (None, 0.5, 0.6, 0.7, 0.8, 0.9)
 MIN_ALL = (0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One calibration item as the candidate policies see it (`--save-signals` writes these)."""
+
+    id: str
+    signals: Signals
+    right: bool  # the first M samples' majority is the gold verdict
+    right_all: bool  # the majority over every sample drawn (the first M and adaptive M's extra)
+
+    @classmethod
+    def of(cls, o: ItemOutcome) -> Observed:
+        every = o.estimates.get("all", o.estimates["sampled"])
+        return cls(o.item.id, signals(o), o.estimates["sampled"].answer == o.item.gold, every.answer == o.item.gold)
+
+    @classmethod
+    def from_json(cls, line: str) -> Observed:
+        row = json.loads(line)
+        return cls(row["id"], Signals(**row["signals"]), row["right"], row["right_all"])
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -61,43 +87,69 @@ def candidates(extra: int) -> list[RoutingPolicy]:
 
 @dataclass(frozen=True, slots=True)
 class Tried:
+    """A candidate on some items: how many it sends short, how many of those are wrong, the bound."""
+
     policy: RoutingPolicy
     short: int
     errors: int
-    upper: float  # the error bound at the split confidence
+    upper: float  # the short path's error, at most, with the confidence asked
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.describe(),
+            "short": self.short,
+            "errors": self.errors,
+            "error_upper": round(self.upper, 4),
+        }
 
 
-def try_policy(policy: RoutingPolicy, outcomes: Sequence[ItemOutcome], alpha: float) -> Tried:
+def try_policy(policy: RoutingPolicy, items: Sequence[Observed], alpha: float) -> Tried:
     short = errors = 0
-    for o in outcomes:
-        s = signals(o)
-        if policy.short(s):
+    for o in items:
+        if policy.short(o.signals):
             short += 1
-            answer = o.estimates["all" if policy.wants_extra(s.consensus) else "sampled"].answer
-            errors += answer != o.item.gold
+            errors += not (o.right_all if policy.wants_extra(o.signals.consensus) else o.right)
     return Tried(policy, short, errors, error_upper_bound(errors, short, alpha))
 
 
-def choose(
-    outcomes: Sequence[ItemOutcome], error: float, confidence: float, extra: int
-) -> tuple[RoutingPolicy | None, list[Tried]]:
-    """The candidate with the most items sent short whose error bound is under `error` (ties: the
-    fewer extra samples, then the simpler); None when no candidate qualifies."""
-    tried_policies = candidates(extra)
-    alpha = (1 - confidence) / len(tried_policies)
-    tried = [try_policy(p, outcomes, alpha) for p in tried_policies]
-    ok = [t for t in tried if t.short and t.upper <= error]
-    if not ok:
-        return None, tried
-    best = max(ok, key=lambda t: (t.short, -t.policy.extra, -(t.policy.min_exact or 0), -t.policy.require_agree))
-    return best.policy, tried
+@dataclass(frozen=True, slots=True)
+class Choice:
+    policy: RoutingPolicy | None  # None: no candidate passed; route on tau
+    passed: list[Tried]  # on every item, the candidates that passed, in the order tested
+    failed: Tried | None  # on the second half, the one that stopped the walk
+    candidates: int
+
+
+def choose(items: Sequence[Observed], error: float, confidence: float, extra: int) -> Choice:
+    """Learn-then-Test's fixed sequence (see the module's docstring): order on the first half, test
+    on the second, choose among those that passed the one that sends the most items short (ties:
+    fewer extra samples, then the simpler)."""
+    alpha = 1 - confidence
+    # Split by a hash of the id: stable across runs and blind to the order the items come in.
+    order = [o for o in items if zlib.crc32(o.id.encode()) % 2 == 0]
+    test = [o for o in items if zlib.crc32(o.id.encode()) % 2 == 1]
+    pool = candidates(extra)
+    ranked = sorted((try_policy(p, order, alpha) for p in pool), key=lambda t: (t.upper, -t.short))
+    passed: list[RoutingPolicy] = []
+    failed = None
+    for policy in (t.policy for t in ranked):
+        tried = try_policy(policy, test, alpha)
+        if not tried.short or tried.upper > error:
+            failed = tried
+            break
+        passed.append(policy)
+    on_all = [try_policy(p, items, alpha) for p in passed]
+    if not on_all:
+        return Choice(None, [], failed, len(pool))
+    best = max(on_all, key=lambda t: (t.short, -t.policy.extra, -(t.policy.min_exact or 0), -t.policy.require_agree))
+    return Choice(best.policy, on_all, failed, len(pool))
 
 
 def describe(
-    policy: RoutingPolicy, tried: Sequence[Tried], n: int, error: float, confidence: float, source: dict[str, Any]
+    policy: RoutingPolicy, choice: Choice, n: int, error: float, confidence: float, source: dict[str, Any]
 ) -> RoutingPolicy:
     """The policy with where it came from, for the file and for whoever reads it."""
-    (mine,) = [t for t in tried if t.policy == policy]
+    (mine,) = [t for t in choice.passed if t.policy == policy]
     record = {
         **source,
         "n": n,
@@ -105,12 +157,37 @@ def describe(
         "short_path_rate": round(mine.short / n, 4),
         "short_path_errors": mine.errors,
         "error_bound": error,
-        "error_upper": round(mine.upper, 4),
         "confidence": confidence,
-        "candidates": len(tried),
+        "method": "learn-then-test, fixed sequence, Clopper-Pearson",
+        "candidates": choice.candidates,
         "date": date.today().isoformat(),
     }
     return replace(policy, name=f"calibrated on {source.get('data', 'data')}", calibration=record)
+
+
+def observe(data: str, split: str, limit: int | None, extra: int, seed: int) -> list[Observed]:
+    """Run the calibration items down the short path with the judge's own signals (no policy)."""
+    import asyncio
+    import sys
+
+    from tqdm import tqdm
+
+    from egrm.config import Settings
+    from egrm.evals.data import load_dataset
+    from egrm.evals.harness import EvalConfig, evaluate
+    from egrm.evals.runner import take
+    from egrm.factory import pipeline_from
+
+    settings = Settings(routing_policy="none")  # the signals of the judge itself, not of an old policy
+    items = take(load_dataset(data, split), limit)
+    config = EvalConfig(modes=("short",), extra=extra, seed=seed)
+
+    async def run() -> list[ItemOutcome]:
+        async with pipeline_from(settings) as pipeline:
+            with tqdm(total=len(items), desc="calibrate", file=sys.stderr, unit="item") as bar:
+                return await evaluate(pipeline, items, config, progress=lambda: bar.update(1))
+
+    return [Observed.of(o) for o in asyncio.run(run())]
 
 
 def main(
@@ -122,51 +199,37 @@ def main(
     extra: int,
     seed: int,
     out: Path | None,
+    signals_in: Path | None = None,
+    signals_out: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the calibration items down the short path, choose, and write the policy (beside the
-    judge unless `out` says where). Returns what was chosen, and the best candidates tried."""
-    import asyncio
-    import sys
-
-    from tqdm import tqdm
-
+    """Observe the calibration items (or read what an earlier run saved), choose, and write the
+    policy (beside the judge unless `out` says where). Returns the choice and what it rests on."""
     from egrm.config import Settings
-    from egrm.evals.data import load_dataset
-    from egrm.evals.harness import EvalConfig, evaluate
-    from egrm.evals.runner import take
-    from egrm.factory import POLICY_FILE, adapter_path, model_path, pipeline_from
+    from egrm.factory import POLICY_FILE, adapter_path, model_path
 
-    settings = Settings(routing_policy="none")  # the signals of the judge itself, not of an old policy
-    items = take(load_dataset(data, split), limit)
-    config = EvalConfig(modes=("short",), extra=extra, seed=seed)
-
-    async def run() -> list[ItemOutcome]:
-        async with pipeline_from(settings) as pipeline:
-            with tqdm(total=len(items), desc="calibrate", file=sys.stderr, unit="item") as bar:
-                return await evaluate(pipeline, items, config, progress=lambda: bar.update(1))
-
-    outcomes = asyncio.run(run())
-    policy, tried = choose(outcomes, error, confidence, extra)
-    best = sorted(tried, key=lambda t: (t.upper > error, -t.short))[:5]
+    if signals_in is not None:
+        items = [Observed.from_json(line) for line in signals_in.read_text().splitlines() if line.strip()]
+    else:
+        items = observe(data, split, limit, extra, seed)
+    if signals_out is not None:
+        signals_out.write_text("".join(json.dumps(asdict(o)) + "\n" for o in items))
+    choice = choose(items, error, confidence, extra)
     report: dict[str, Any] = {
         "data": data,
         "split": split,
-        "n": len(outcomes),
+        "n": len(items),
         "error_bound": error,
         "confidence": confidence,
-        "candidates": len(tried),
-        "best_tried": [
-            {"policy": t.policy.describe(), "short": t.short, "errors": t.errors, "error_upper": round(t.upper, 4)}
-            for t in best
-        ],
+        "candidates": choice.candidates,
+        "passed": [t.row() for t in choice.passed],
+        "stopped_at": choice.failed.row() if choice.failed else None,
     }
-    if policy is None:
-        report["policy"] = None
-        return report
-    chosen = describe(policy, tried, len(outcomes), error, confidence, {"data": data, "split": split})
+    if choice.policy is None:
+        return report | {"policy": None}
+    chosen = describe(choice.policy, choice, len(items), error, confidence, {"data": data, "split": split})
     if out is None:
+        settings = Settings()
         judge = adapter_path(settings) or model_path(settings)
         out = (judge if judge.is_dir() else judge.parent) / POLICY_FILE
     chosen.save(out)
-    report |= {"policy": chosen.describe(), "written": str(out), **chosen.calibration}
-    return report
+    return report | {"policy": chosen.describe(), "written": str(out), **chosen.calibration}

@@ -5,6 +5,9 @@ verdicts are exact, difficulties are equal thirds (easy: 1-2 digit addition or s
 medium: 2-digit times 1-digit; hard: 2-digit times 2-digit), and wrong answers are near misses
 (off by one, off by ten, two adjacent digits swapped), so a judge cannot tell them by their look.
 The splits are fixed: generated from fixed seeds, and no question of `test` appears in `train`.
+`calibration` (for `egrm calibrate`) asks questions in neither, in every form `test` uses: the
+judge was trained on `train` and is scored on `test`. Only 74 such medium questions are left, so
+its medium third repeats them (with other proposed answers and wordings).
 Its questions read "What is 52 * 53?" and its responses "The answer is 2756.".
 
 `builtin:arith-mixed` is its sibling with the same difficulties and near misses, asked and
@@ -33,7 +36,7 @@ from egrm.pipeline.types import JudgeItem
 
 BUILTIN_PREFIX = "builtin:"
 DIFFICULTIES = ("easy", "medium", "hard")
-SPLITS = {"train": (3600, 20261202), "test": (300, 7)}  # name -> (size, seed)
+SPLITS = {"train": (3600, 20261202), "test": (300, 7), "calibration": (900, 31)}  # name -> (size, seed)
 MIXED_SEED_OFFSET = 1000  # builtin:arith-mixed draws other questions than builtin:arith
 BUILTIN_SETS = ("arith", "arith-mixed")
 
@@ -191,8 +194,26 @@ def builtin_arith(split: str, mixed_forms: bool = False) -> list[LabelledItem]:
     if split == "test":
         return test
     size, seed = SPLITS["train"]
-    phrase = mixed(seen_only=True) if mixed_forms else plain
-    return generate_arith(size, seed + offset, _questions(test), unique=False, phrase=phrase, prefix=prefix)
+    train = generate_arith(
+        size,
+        seed + offset,
+        _questions(test),
+        unique=False,
+        phrase=mixed(seen_only=True) if mixed_forms else plain,
+        prefix=prefix,
+    )
+    if split == "train":
+        return train
+    size, seed = SPLITS["calibration"]
+    unseen = _questions(test) | _questions(train)
+    return generate_arith(
+        size,
+        seed + offset,
+        unseen,
+        unique=False,
+        phrase=mixed(seen_only=False) if mixed_forms else plain,
+        prefix=prefix,
+    )
 
 
 def load_jsonl(path: Path) -> list[LabelledItem]:

@@ -96,9 +96,14 @@ def plot_frontier(points: Sequence[dict[str, Any]], path: Path) -> Path:
             xs = [p["latency_ratio_routed_vs_long"] for p in mine]
             ys = [p["accuracy_routed"] for p in mine]
             ax.scatter(xs, ys, marker=marker, s=120 if kind == "calibrated" else 50, label=kind)
+            if kind == "adaptive":  # six points close together: the legend names them, labels would overlap
+                continue
+            # The calibrated policy often sits on another point: its label goes below, the others' above.
+            offset = (4, -10) if kind == "calibrated" else (4, 4)
             for p, x, y in zip(mine, xs, ys, strict=True):
-                label = f"{p['name'].split(':')[0]} ({p['short_path_rate']:.0%} short)"
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                name = "calibrated" if kind == "calibrated" else p["name"]
+                label = f"{name} ({p['short_path_rate']:.0%} short)"
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, fontsize=7)
     ax.set(xlabel="mean latency, against reasoning on every item", ylabel="accuracy")
     ax.set_title("Routing: accuracy against latency")
     ax.legend(fontsize=8)

@@ -197,7 +197,11 @@ def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[di
     for tau in TAU_GRID:
         short = [_short(o, name, tau) for o in outcomes]
         routed = [_routed_right(o, name, tau) for o in outcomes]
-        latency = [o.runs["short" if s else "long"].latency_ms for o, s in zip(outcomes, short, strict=True)]
+        # The forced short run also drew adaptive M's extra samples (timed apart): not the threshold's cost.
+        latency = [
+            o.runs["short"].latency_ms - o.runs["short"].extra_ms if s else o.runs["long"].latency_ms
+            for o, s in zip(outcomes, short, strict=True)
+        ]
         rows.append(
             {
                 "tau": tau,

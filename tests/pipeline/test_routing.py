@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from egrm.evals.calibration import choose, error_upper_bound
+from egrm.evals.calibration import Observed, choose, error_upper_bound, main
 from egrm.evals.data import LabelledItem
 from egrm.evals.frontier import frontier
 from egrm.evals.harness import Estimate, ItemOutcome, ModeRun
@@ -57,15 +57,27 @@ def outcome(i: int, consensus: float, exact: float, short_right: bool, long_righ
     return ItemOutcome(item, estimates, runs)
 
 
-def test_calibration_chooses_the_widest_policy_under_the_bound():
+def test_calibration_chooses_the_widest_policy_under_the_bound(tmp_path):
     # 300 unanimous items with a confident greedy answer, all right; 100 unanimous but unsure and
     # half wrong: only a policy that asks for the greedy answer's probability stays under 3%.
     outcomes = [outcome(i, 1.0, 0.9, True) for i in range(300)]
     outcomes += [outcome(300 + i, 1.0, 0.3, i % 2 == 0) for i in range(100)]
-    policy, tried = choose(outcomes, error=0.03, confidence=0.9, extra=5)
-    assert policy is not None and policy.min_exact is not None and 0.3 < policy.min_exact <= 0.9
-    assert not choose(outcomes, error=0.001, confidence=0.9, extra=5)[0]  # 300 cannot show 0.1%
-    assert len(tried) > 50
+    items = [Observed.of(o) for o in outcomes]
+    choice = choose(items, error=0.03, confidence=0.9, extra=5)
+    assert choice.policy is not None and choice.policy.min_exact is not None and 0.3 < choice.policy.min_exact <= 0.9
+    assert all(t.errors == 0 and t.short == 300 for t in choice.passed)
+    assert (
+        choice.failed is not None and choice.failed.errors > 0
+    )  # the walk stopped at the first that lets a slip through
+    assert choose(items, error=0.001, confidence=0.9, extra=5).policy is None  # 150 items cannot show 0.1%
+    assert choice.candidates > 50
+    # Saved signals choose the same policy without the judge, and the policy is written where asked.
+    (tmp_path / "signals.jsonl").write_text(
+        "".join(__import__("json").dumps(__import__("dataclasses").asdict(o)) + "\n" for o in items)
+    )
+    report = main("d", "train", None, 0.03, 0.9, 5, 0, tmp_path / "p.json", signals_in=tmp_path / "signals.jsonl")
+    assert RoutingPolicy.load(tmp_path / "p.json").key == choice.policy.key
+    assert report["short"] == 300 and report["short_path_errors"] == 0
 
 
 def test_the_frontier_replays_each_policy_from_the_forced_runs():
