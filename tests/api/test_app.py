@@ -254,3 +254,13 @@ def test_the_judges_routing_policy_routes_and_the_answer_says_so(engine, tmp_pat
     assert routed["routing"] == "calibrated here: consensus >= 0.8, exact >= 0.5"
     assert own_tau["routing"] == "tau=0.6"  # a request that names its tau routes on it
     assert routed["results"][0]["samples_drawn"] == 5
+
+
+def test_the_shipped_judge_routes_on_its_calibrated_policy_unless_told_none(client, engine):
+    item = {"prompt": "What is 2+2?", "response": "4"}
+    shipped = post(client, {"items": [item]}).json()
+    assert shipped["routing"] == "calibrated on builtin:arith-mixed: consensus >= 0.6, exact >= 0.9"
+    assert 0 < shipped["results"][0]["exact_consensus"] <= 1  # the policy reads the greedy answer's probability
+    with TestClient(create_app(Settings(routing_policy="none"), engine=engine)) as c:
+        plain = c.post("/v1/rewards", json={"items": [item]}).json()
+    assert plain["routing"] == "tau=0.8" and plain["results"][0]["exact_consensus"] is None

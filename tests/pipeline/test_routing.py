@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+
 import pytest
 
 from egrm.evals.calibration import Observed, choose, error_upper_bound, main
@@ -66,15 +69,11 @@ def test_calibration_chooses_the_widest_policy_under_the_bound(tmp_path):
     choice = choose(items, error=0.03, confidence=0.9, extra=5)
     assert choice.policy is not None and choice.policy.min_exact is not None and 0.3 < choice.policy.min_exact <= 0.9
     assert all(t.errors == 0 and t.short == 300 for t in choice.passed)
-    assert (
-        choice.failed is not None and choice.failed.errors > 0
-    )  # the walk stopped at the first that lets a slip through
+    assert choice.failed is not None and choice.failed.errors > 0  # the walk stopped at the first slip
     assert choose(items, error=0.001, confidence=0.9, extra=5).policy is None  # 150 items cannot show 0.1%
     assert choice.candidates > 50
     # Saved signals choose the same policy without the judge, and the policy is written where asked.
-    (tmp_path / "signals.jsonl").write_text(
-        "".join(__import__("json").dumps(__import__("dataclasses").asdict(o)) + "\n" for o in items)
-    )
+    (tmp_path / "signals.jsonl").write_text("".join(json.dumps(asdict(o)) + "\n" for o in items))
     report = main("d", "train", None, 0.03, 0.9, 5, 0, tmp_path / "p.json", signals_in=tmp_path / "signals.jsonl")
     assert RoutingPolicy.load(tmp_path / "p.json").key == choice.policy.key
     assert report["short"] == 300 and report["short_path_errors"] == 0
