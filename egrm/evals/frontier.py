@@ -52,14 +52,13 @@ class _Routed:
 
 def _replay(o: ItemOutcome, policy: RoutingPolicy, m: int, extra: int) -> _Routed:
     """The item as the policy would route it: its answer, latency and samples, from the forced runs."""
-    short_run = o.runs["short"]
-    base_ms = short_run.latency_ms - short_run.extra_ms  # the forced short run drew the extra samples
+    short_run = o.runs["short"]  # it drew the extra samples on every item, timed apart
     s = signals(o)
     more = policy.wants_extra(s.consensus)
     extra_ms, samples = (short_run.extra_ms, m + extra) if more else (0.0, m)
     if policy.short(s):
         answer = o.estimates["all" if more else "sampled"].answer
-        return _Routed(True, answer == o.item.gold, base_ms + extra_ms, samples)
+        return _Routed(True, answer == o.item.gold, short_run.base_ms + extra_ms, samples)
     return _Routed(False, o.correct("long"), o.runs["long"].latency_ms + extra_ms, samples)
 
 
@@ -104,9 +103,8 @@ def frontier(
     for tau in EXACT_TAUS:  # the exact estimate alone decides, and its greedy answer is the short one
         routed = []
         for o in outcomes:
-            base_ms = o.runs["short"].latency_ms - o.runs["short"].extra_ms
             if o.estimates["exact"].consensus >= tau:
-                routed.append(_Routed(True, o.estimates["exact"].answer == o.item.gold, base_ms, m))
+                routed.append(_Routed(True, o.estimates["exact"].answer == o.item.gold, o.runs["short"].base_ms, m))
             else:
                 routed.append(_Routed(False, o.correct("long"), o.runs["long"].latency_ms, m))
         points.append(_point(f"exact, tau={tau:g}", "exact", routed, long_ms))

@@ -81,6 +81,11 @@ class ModeRun:
     extra_ms: float = 0.0  # of latency_ms: adaptive M's extra samples (forced short runs draw them)
     samples_drawn: int = 0
 
+    @property
+    def base_ms(self) -> float:
+        """The latency without adaptive M's extra samples (what a policy that draws none pays)."""
+        return self.latency_ms - self.extra_ms
+
     @classmethod
     def of(cls, result: ItemResult) -> ModeRun:
         return cls(

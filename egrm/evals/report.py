@@ -199,8 +199,7 @@ def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[di
         routed = [_routed_right(o, name, tau) for o in outcomes]
         # The forced short run also drew adaptive M's extra samples (timed apart): not the threshold's cost.
         latency = [
-            o.runs["short"].latency_ms - o.runs["short"].extra_ms if s else o.runs["long"].latency_ms
-            for o, s in zip(outcomes, short, strict=True)
+            o.runs["short"].base_ms if s else o.runs["long"].latency_ms for o, s in zip(outcomes, short, strict=True)
         ]
         rows.append(
             {

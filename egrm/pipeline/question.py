@@ -69,7 +69,7 @@ class QuestionWork:
     @property
     def voters(self) -> list[int]:
         """The branches of the extended vote: the M samples and the extra ones."""
-        return [*range(self.m), *range(self.m + self.has_greedy, len(self.branches))]
+        return voters(self.m, self.has_greedy, len(self.branches))
 
     @property
     def samples_drawn(self) -> int:
@@ -145,8 +145,7 @@ async def judge_question(
     if extra:  # adaptive M: more samples from the same cached prompt before deciding
         branches += await engine.sample(prompt_ids, extra_params(options, extra), tag)
         keys = (await checker.compare([b.text for b in branches], [])).answer_keys
-        voters = [*keys[: options.m], *keys[options.m + (greedy is not None) :]]
-        counted_all = tally(voters)
+        counted_all = tally([keys[i] for i in voters(options.m, greedy is not None, len(branches))])
     extra_ms = (time.perf_counter() - extra_start) * 1000 if extra else 0.0
     by_exact_estimate = exact is not None and options.consensus is ConsensusMode.EXACT
     consensus = exact.probability if exact is not None and by_exact_estimate else counted.consensus
@@ -184,30 +183,36 @@ async def judge_question(
     return work
 
 
-def extra_params(options: JudgeOptions, extra: int) -> list[BranchParams]:
-    """Adaptive M's extra samples: the ladder again, on seeds of their own."""
-    ladder = options.temperatures
-    seeds = [None if options.seed is None else options.seed + 100 + i for i in range(extra)]
+def voters(m: int, has_greedy: bool, branches: int) -> list[int]:
+    """Which branches vote in the extended vote: the M samples, then the extra ones (the greedy
+    branch of the exact estimate, between them, does not vote)."""
+    return [*range(m), *range(m + has_greedy, branches)]
+
+
+def answer_params(options: JudgeOptions, temperatures: Sequence[float], first_seed: int) -> list[BranchParams]:
+    """Answer-only branches (the judge's own answer, ending at EOS), one per temperature, seeded
+    from options.seed + first_seed on."""
     return [
-        BranchParams(
-            temperature=ladder[i % len(ladder)], top_p=options.top_p, max_new_tokens=JUDGE.answer_tokens, seed=seed
-        )
-        for i, seed in enumerate(seeds)
-    ]
-
-
-def short_answer_params(options: JudgeOptions) -> list[BranchParams]:
-    """One answer-only branch per ladder temperature (the judge's own answer, ending at EOS),
-    and a greedy one when the exact estimate is asked for."""
-    params = [
         BranchParams(
             temperature=t,
             top_p=options.top_p,
             max_new_tokens=JUDGE.answer_tokens,
-            seed=None if options.seed is None else options.seed + i,
+            seed=None if options.seed is None else options.seed + first_seed + i,
         )
-        for i, t in enumerate(options.temperatures)
+        for i, t in enumerate(temperatures)
     ]
+
+
+def extra_params(options: JudgeOptions, extra: int) -> list[BranchParams]:
+    """Adaptive M's extra samples: the ladder again, on seeds of their own."""
+    ladder = options.temperatures
+    return answer_params(options, [ladder[i % len(ladder)] for i in range(extra)], first_seed=100)
+
+
+def short_answer_params(options: JudgeOptions) -> list[BranchParams]:
+    """One answer-only branch per ladder temperature, and a greedy one when the exact estimate is
+    asked for."""
+    params = answer_params(options, options.temperatures, first_seed=0)
     if options.needs_exact:
         params.append(replace(params[0], temperature=0.0, seed=None))
     return params
