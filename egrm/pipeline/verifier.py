@@ -152,7 +152,8 @@ class MathVerifyChecker:
         self._pool: Any = None
         self.timeouts = 0  # calls that ran past the deadline (their texts counted as unreadable)
 
-    def _start(self) -> Any:
+    def pool(self) -> Any:
+        """The worker pool (pebble's), started on first use."""
         if self._pool is None:
             from pebble import ProcessPool
 
@@ -161,9 +162,17 @@ class MathVerifyChecker:
         return self._pool
 
     async def compare(self, answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:
-        future = self._start().schedule(compare_texts, (list(answers), list(responses)), timeout=self.deadline_s)
+        future = self.pool().schedule(compare_texts, (list(answers), list(responses)), timeout=self.deadline_s)
+        result = asyncio.wrap_future(future)
+        result.add_done_callback(_retrieved)
         try:
-            return await asyncio.wrap_future(future)
+            # A caller that leaves (its request's deadline, its client) leaves the comparison to run,
+            # milliseconds, and its result is dropped. Cancelling it would stop the worker: pebble
+            # stops the process of a cancelled task that a worker has taken, even one taken after
+            # the cancel (noxdafox/pebble#144), and a task handed to a worker as it is stopped can
+            # wait forever (#153, open). Under overload with short deadlines that left no request
+            # answered at all (every try waited on the stuck worker past its deadline).
+            return await asyncio.shield(result)
         except (FutureTimeout, ProcessExpired) as exc:  # past the deadline, or the worker died
             self.timeouts += 1
             log.warning("answer comparison failed (%r); the texts count as unreadable", exc)
@@ -174,3 +183,10 @@ class MathVerifyChecker:
             pool, self._pool = self._pool, None
             pool.stop()
             await asyncio.to_thread(pool.join)
+
+
+def _retrieved(result: asyncio.Future) -> None:
+    """A comparison whose caller left is not awaited: read its outcome so that asyncio does not
+    report an exception nobody retrieved (a timeout, a dead worker) for it."""
+    if not result.cancelled():
+        result.exception()

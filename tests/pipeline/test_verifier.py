@@ -1,6 +1,7 @@
 """Answer equivalence through math-verify: the same answer however written, and hostile input bounded."""
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -77,6 +78,35 @@ def test_the_worker_compares_and_a_call_past_its_deadline_kills_it():
     assert late.response_answers == [None] and late.answer_keys == ["364", "364"] and not late.math_keys
     assert took < 5.0 and timeouts == 1
     assert after.response_keys == ["364"] and tower.response_keys == [None]
+
+
+def test_a_caller_that_leaves_mid_comparison_does_not_kill_the_worker():
+    """A request's deadline cancels its comparison, running or queued: the comparison is left to
+    run and the worker stays. Stopping it for a cancel made every comparison queued behind wait
+    for a fresh worker, and pebble can lose a task handed to a worker as it is stopped: under
+    overload (tests/api/test_groups.py) no request was answered any more."""
+
+    async def run():
+        checker = MathVerifyChecker()
+
+        async def pid() -> int:  # the worker's
+            return await asyncio.wrap_future(checker.pool().schedule(os.getpid))
+
+        try:
+            before = await pid()  # started and warm
+            running = asyncio.create_task(checker.compare(["33"], [f"The answer is {i}." for i in range(3000)]))
+            queued = asyncio.create_task(checker.compare(["33"], ["33"]))
+            await asyncio.sleep(0.2)  # the first runs (about a second), the second waits behind it
+            running.cancel()
+            queued.cancel()
+            after = await checker.compare(["33"], ["The answer is 33."])
+            return before, await pid(), after, running.cancelled() and queued.cancelled()
+        finally:
+            await checker.close()
+
+    before, then, after, cancelled = asyncio.run(run())
+    assert cancelled and then == before  # the callers left; the worker stayed
+    assert after.response_keys == ["33"]
 
 
 @pytest.mark.parametrize("response", ["88-32", "The answer is 88 - 32.", "(88-32)", "\\boxed{88-32}", "44+12"])
