@@ -137,10 +137,16 @@ def routing_policy_path(settings: Settings) -> Path | None:
         return None
     if settings.routing_policy:
         return Path(settings.routing_policy).expanduser()
+    beside = policy_beside_judge(settings)
+    return beside if beside.is_file() else None
+
+
+def policy_beside_judge(settings: Settings) -> Path:
+    """The judge's own policy file (`egrm calibrate` writes it there): in the judge adapter's
+    folder, or in EGRM_MODEL's folder when no adapter is merged."""
     adapter = adapter_path(settings)
     folder = adapter if adapter is not None else model_path(settings)
-    beside = (folder if folder.is_dir() else folder.parent) / POLICY_FILE
-    return beside if beside.is_file() else None
+    return (folder if folder.is_dir() else folder.parent) / POLICY_FILE
 
 
 def routing_policy(settings: Settings) -> RoutingPolicy | None:

@@ -12,7 +12,6 @@ from egrm.api.scoring import (
     candidates_out,
     check_item_count,
     resolve_options,
-    routing_of,
     samples_out,
     score_items,
     served_model,
@@ -21,6 +20,7 @@ from egrm.api.scoring import (
     verdict_fields,
 )
 from egrm.config import Settings
+from egrm.pipeline.routing import describe_routing
 from egrm.pipeline.templates import get_template
 from egrm.pipeline.types import ItemResult, JudgeItem, JudgeOptions
 from egrm.protocol import (
@@ -75,7 +75,7 @@ async def rewards(
     results, usage = await score_items(request, pipeline, settings, metrics, "/v1/rewards", items, options)
     return RewardResponse(
         model=served_model(settings, pipeline),
-        routing=routing_of(options),
+        routing=describe_routing(options.policy, options.tau),
         results=[to_wire(i, item, r) for i, (item, r) in enumerate(zip(items, results, strict=True))],
         usage=UsageOut(
             prompt_tokens=usage.prompt_tokens,

@@ -55,11 +55,6 @@ def resolve_options(options: RewardOptions, settings: Settings, policy: RoutingP
     )
 
 
-def routing_of(options: JudgeOptions) -> str:
-    """What routes the auto path, in words (the responses say it)."""
-    return options.policy.describe() if options.policy is not None else f"tau={options.tau:g}"
-
-
 _BACKSTOP_S = 5.0  # past the deadline, for work outside the items (encoding a huge batch)
 
 

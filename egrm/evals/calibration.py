@@ -60,9 +60,7 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 def error_upper_bound(errors: int, n: int, alpha: float) -> float:
     """One-sided Clopper-Pearson upper bound: the largest error rate under which seeing at most
     `errors` wrong in n has probability at least alpha (bisection on the binomial CDF)."""
-    if n == 0:
-        return 1.0
-    if errors >= n:
+    if errors >= n:  # every one wrong, or none seen
         return 1.0
     lo, hi = errors / n, 1.0
     for _ in range(60):
@@ -205,7 +203,7 @@ def main(
     """Observe the calibration items (or read what an earlier run saved), choose, and write the
     policy (beside the judge unless `out` says where). Returns the choice and what it rests on."""
     from egrm.config import Settings
-    from egrm.factory import POLICY_FILE, adapter_path, model_path
+    from egrm.factory import policy_beside_judge
 
     if signals_in is not None:
         items = [Observed.from_json(line) for line in signals_in.read_text().splitlines() if line.strip()]
@@ -227,9 +225,6 @@ def main(
     if choice.policy is None:
         return report | {"policy": None}
     chosen = describe(choice.policy, choice, len(items), error, confidence, {"data": data, "split": split})
-    if out is None:
-        settings = Settings()
-        judge = adapter_path(settings) or model_path(settings)
-        out = (judge if judge.is_dir() else judge.parent) / POLICY_FILE
+    out = out or policy_beside_judge(Settings())
     chosen.save(out)
     return report | {"policy": chosen.describe(), "written": str(out), **chosen.calibration}

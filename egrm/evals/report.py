@@ -12,6 +12,7 @@ import numpy as np
 from egrm.evals.data import LabelledItem
 from egrm.evals.frontier import frontier
 from egrm.evals.harness import ESTIMATORS, MODES, Estimate, EvalConfig, ItemOutcome, ModeRun
+from egrm.pipeline.routing import describe_routing
 from egrm.pipeline.types import Route
 
 NAMES = {"routed": "routed", "short": "always_short", "long": "always_long"}
@@ -96,7 +97,7 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
     if "short" in modes and "long" in modes:
         report["tau_curve"] = tau_curve(outcomes, config.consensus)
     report["consensus_estimators"] = {name: estimator(outcomes, config.tau, name, modes) for name in ESTIMATORS}
-    report["routing"] = config.policy.describe() if config.policy is not None else f"tau={config.tau:g}"
+    report["routing"] = describe_routing(config.policy, config.tau)
     if "short" in modes and "long" in modes:
         report["frontier"] = frontier(outcomes, config.m, config.extra, config.policy)
     if "short" in modes:

@@ -141,12 +141,13 @@ async def judge_question(
     exact = ExactConsensus(keys[options.m], exact_probability(greedy)) if greedy else None
     policy = options.policy if options.path is PathMode.AUTO else None
     extra = options.extra_always or (policy.extra if policy and policy.wants_extra(counted.consensus) else 0)
-    counted_all, extra_start = None, time.perf_counter()
+    counted_all, extra_ms = None, 0.0
     if extra:  # adaptive M: more samples from the same cached prompt before deciding
+        extra_start = time.perf_counter()
         branches += await engine.sample(prompt_ids, extra_params(options, extra), tag)
         keys = (await checker.compare([b.text for b in branches], [])).answer_keys
         counted_all = tally([keys[i] for i in voters(options.m, greedy is not None, len(branches))])
-    extra_ms = (time.perf_counter() - extra_start) * 1000 if extra else 0.0
+        extra_ms = (time.perf_counter() - extra_start) * 1000
     by_exact_estimate = exact is not None and options.consensus is ConsensusMode.EXACT
     consensus = exact.probability if exact is not None and by_exact_estimate else counted.consensus
     if policy is not None:

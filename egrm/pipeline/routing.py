@@ -97,6 +97,11 @@ class RoutingPolicy:
             raise ValueError(f"{path}: not a routing policy ({exc})") from exc
 
 
+def describe_routing(policy: RoutingPolicy | None, tau: float) -> str:
+    """What routes the auto path, in words (the responses and the evaluation report say it)."""
+    return policy.describe() if policy is not None else f"tau={tau:g}"
+
+
 def threshold(tau: float) -> RoutingPolicy:
     """The method's routing: the vote alone, at tau."""
     return RoutingPolicy(name=f"tau={tau:g}", min_consensus=tau)
