@@ -83,8 +83,12 @@ def test_with_a_seed_sharing_on_and_off_give_the_same_rewards(engine, checker):
     on = asyncio.run(sharing(engine, checker).score(ITEMS, seeded))
     off = asyncio.run(RewardPipeline(engine, HeuristicScorer(), checker).score(ITEMS, seeded))
     assert [r.shared for r in off] == [None] * 8
-    assert [(r.reward, r.route, r.votes) for r in on] == [(r.reward, r.route, r.votes) for r in off]
+    assert [(r.route, r.votes) for r in on] == [(r.route, r.votes) for r in off]
     assert [[s.text for s in r.samples] for r in on] == [[s.text for s in r.samples] for r in off]
+    # Off, the eight questions ran as one batch; on, one question ran alone. Other batch shapes
+    # sum in another order (0.7442955 vs 0.7442967 seen on an AVX-512 machine): the rewards that
+    # rest on log-probs (scorer weights, P(Yes)) agree to a tolerance, not to the last bit.
+    assert [r.reward for r in on] == pytest.approx([r.reward for r in off], abs=1e-4)
     # Off, every response paid for its own samples.
     assert completion_tokens(off) > 4 * completion_tokens(on)
 
