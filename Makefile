@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model gemma llama-server llama-judge serve test lint typecheck bench bench-peers loadtest soak clean
+.PHONY: install model gemma llama-server llama-judge vllm serve test lint typecheck bench bench-peers loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ llama-server: install  ## build llama.cpp's llama-server once into the user cach
 llama-judge: model llama-server  ## the judge egrm serves as one f32 GGUF, for llama-server (once; idempotent)
 	$(BIN)/python -m egrm.llamacpp_local --outtype f32
 
+vllm:  ## vLLM's CPU build in a venv of its own in the user cache, once (about 3 min, 3.5 GB; idempotent)
+	deploy/vllm/install.sh $(PYTHON)
+
 serve: model  ## run the service on the embedded default model
 	$(BIN)/egrm serve --host $(HOST) --port $(PORT)
 
@@ -40,7 +43,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy egrm
 
-test: model gemma llama-judge lint typecheck  ## everything CI runs (the llama.cpp tests need llama-server)
+test: model gemma llama-judge vllm lint typecheck  ## everything CI runs (the live tests need llama-server and vLLM)
 	$(BIN)/pytest
 
 bench: model  ## every benchmark, one JSON line each

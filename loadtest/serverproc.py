@@ -1,8 +1,9 @@
-"""Start `egrm serve`, `egrm scorer` or llama.cpp's `llama-server` as a real process on a loopback
-port (benchmarks and tests)."""
+"""Start `egrm serve`, `egrm scorer`, llama.cpp's `llama-server` or a vLLM server as a real process on
+a loopback port (benchmarks and tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -108,6 +109,82 @@ def llama_server(
         yield proc
     finally:
         _stop(proc)
+
+
+# Keep in step with deploy/vllm/install.sh (`make vllm` installs it into the user cache).
+VLLM_VERSION = "0.32.0"
+
+
+def vllm_python(cache_dir: Path) -> Path:
+    """The interpreter of the venv `make vllm` made for vLLM's CPU build (its own: vLLM pins its own
+    transformers)."""
+    python = cache_dir / "vllm" / VLLM_VERSION / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"no vLLM venv at {python.parent.parent}: run `make vllm` (installs it once)")
+    return python
+
+
+@contextmanager
+def vllm_server(
+    model: Path,
+    cache_dir: Path,
+    port: int,
+    served_name: str = "",
+    dtype: str = "bfloat16",
+    kv_cache_gib: int = 2,
+    args: Sequence[str] = (),
+    ready_timeout_s: float = 300,
+) -> Iterator[subprocess.Popen]:
+    """vLLM's OpenAI-compatible server (the CPU build `make vllm` installs) on 127.0.0.1:port serving
+    the model folder, up once its /health answers; stopped on exit with every process it started.
+
+    The flags are the ones measured on these machines (docs/engines.md, "vLLM"): 32-token KV blocks
+    (CPU needs a multiple of 32; only full blocks are prefix-cached), prompts prefilled whole, the
+    cached prompt tokens in each answer's usage, no sampling defaults from generation_config.json,
+    no access log line per call. Dev mode serves
+    POST /reset_prefix_cache, which benchmarks use to start each contender on a cold cache."""
+    log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
+    command = [
+        str(vllm_python(cache_dir)),
+        *("-m", "vllm.entrypoints.openai.api_server", "--model", str(model)),
+        *("--host", "127.0.0.1", "--port", str(port), "--dtype", dtype),
+        *("--block-size", "32", "--max-model-len", "8192", "--generation-config", "vllm"),
+        # vLLM 0.32's CPU worker crashes its engine when a seeded request's prefill is split in
+        # chunks (`CPU Generator does not use offset`, gpu_model_runner._bookkeeping_sync): every
+        # prompt is prefilled whole, in a step budget that holds the longest.
+        *("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"),
+        *("--enable-prompt-tokens-details", "--disable-uvicorn-access-log"),
+        *(("--served-model-name", served_name) if served_name else ()),
+        *args,
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+        "VLLM_SERVER_DEV_MODE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    # Its own session: the API server starts an engine-core and a worker process, all stopped together.
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_ready(proc, f"http://127.0.0.1:{port}", ready_timeout_s, log.name, "/health")
+        yield proc
+    finally:
+        _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process and everything in its session (it leads one: start_new_session=True)."""
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -144,9 +144,8 @@ class LlamaCppEngine(CompletionsEngine):
         ids = [int(i) for i in result["tokens"]] if result.get("tokens") is not None else [int(p["id"]) for p in probs]
         logprobs = [float(p["logprob"]) for p in probs]
         text = str(result["content"])
-        if result.get("stop_type") == "eos" and ids and ids[-1] in self._tok.eos_ids:
-            # As the embedded engine counts a branch: the end of turn is not one of its tokens.
-            ids, logprobs = ids[:-1], logprobs[: len(ids) - 1]
+        if result.get("stop_type") == "eos":
+            ids, logprobs = self._tok.own_tokens(ids, logprobs)
         if trie is not None:
             ids, logprobs = self._constrained(ids, probs, trie)
             text = self._tok.decode(ids)

@@ -10,13 +10,14 @@ temperature, top_p, n, stop, seed, logprobs; response choices[i] = {index, text,
 {tokens, token_logprobs, top_logprobs, text_offset}, finish_reason: "stop" | "length"}, usage =
 {prompt_tokens, completion_tokens, total_tokens}), and vLLM's extensions in
 vllm/entrypoints/openai/protocol.py (CompletionRequest: structured_outputs {"regex"}, older
-guided_regex, return_token_ids, ignore_eos; CompletionResponseChoice.token_ids; UsageInfo.
+guided_regex, return_tokens_as_token_ids, ignore_eos; CompletionResponseChoice.token_ids; UsageInfo.
 prompt_tokens_details.cached_tokens). Errors: {"error": {"message", "type", "param", "code"}}.
 
 Dialects (EGRM_OPENAI_DIALECT): "openai" sends standard fields only: answers are free text that
 the pipeline's templates read with their patterns, and branch token ids are our tokenizer's
-reading of the text; "vllm" adds structured_outputs.regex (constrained answers), return_token_ids
-and ignore_eos; "vllm-legacy" sends guided_regex (vLLM before structured_outputs) instead.
+reading of the text; "vllm" adds structured_outputs.regex (constrained answers),
+return_tokens_as_token_ids (the sampled ids, in the log-probs) and ignore_eos; "vllm-legacy" sends
+guided_regex (vLLM before structured_outputs) instead of structured_outputs.
 
 vLLM 0.12 removed guided_regex (vllm-project/vllm#29326) and accepts unknown fields, logging them at
 debug level only (vllm/entrypoints/serve/engine/protocol.py OpenAIBaseModel, extra="allow"): the
@@ -31,12 +32,20 @@ prompt token counts as computed.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from egrm.aio import gather_or_cancel
-from egrm.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
+from egrm.engines.base import (
+    BackendRejectedError,
+    Branch,
+    BranchParams,
+    EngineBusyError,
+    EngineUnavailableError,
+    FinishReason,
+)
 from egrm.engines.remote.answers import answers_regex
 from egrm.engines.remote.base import CompletionsEngine
 from egrm.engines.remote.tokenizer import LocalTokenizer
@@ -44,6 +53,7 @@ from egrm.engines.remote.tokenizer import LocalTokenizer
 Dialect = Literal["openai", "vllm", "vllm-legacy"]
 _COMPLETIONS = "/completions"
 _NO_GUIDED_REGEX = (0, 12)  # the first vLLM release without guided_regex
+_TOKEN_ID = "token_id:"  # how vLLM names a token by its id (return_tokens_as_token_ids)
 
 
 class OpenAIEngine(CompletionsEngine):
@@ -62,6 +72,7 @@ class OpenAIEngine(CompletionsEngine):
         """url: the API base, as the OpenAI SDK takes it (e.g. http://127.0.0.1:8000/v1)."""
         super().__init__(tokenizer, url, api_key, timeout_s, max_queue)
         self._model = model or None  # None: the first model the server lists
+        self._listing = asyncio.Lock()  # calls that find no model yet ask the server once, not each
         self.dialect = dialect
         self._asked = False  # the server's version was asked for (vllm-legacy only, once)
 
@@ -108,8 +119,10 @@ class OpenAIEngine(CompletionsEngine):
                     body["structured_outputs"] = {"regex": regex}
                 else:
                     body["guided_regex"] = regex
-        if self.dialect == "vllm":
-            body["return_token_ids"] = True
+            # The sampled ids ride in the log-probs ("token_id:N"; vLLM 0.5 on): return_token_ids
+            # would bring them too, with the prompt echoed, and cost vLLM 0.32 a fifth of its items/s
+            # here (bench_remote).
+            body["return_tokens_as_token_ids"] = True
         return body
 
     async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
@@ -135,12 +148,16 @@ class OpenAIEngine(CompletionsEngine):
         text = str(choice["text"])
         logprobs = choice.get("logprobs") or {}
         values = [float(v) for v in logprobs.get("token_logprobs") or [] if v is not None]
-        # vLLM returns the sampled ids; a plain OpenAI server does not, so our tokenizer reads the text.
-        ids = [int(i) for i in choice["token_ids"]] if choice.get("token_ids") is not None else self.encode(text)
+        ids = _sampled_ids(choice, logprobs.get("tokens") or [])
+        if ids is None:  # a plain OpenAI server names no ids: our tokenizer reads the text
+            ids = self.encode(text)
+        finish = FinishReason.LENGTH if choice.get("finish_reason") == "length" else FinishReason.STOP
+        if finish is FinishReason.STOP:
+            ids, values = self._tok.own_tokens(ids, values)
         return Branch(
             text=text,
             token_ids=ids,
-            finish_reason=FinishReason.LENGTH if choice.get("finish_reason") == "length" else FinishReason.STOP,
+            finish_reason=finish,
             prompt_tokens=prompt,
             cached_prompt_tokens=cached,
             logprobs=values,
@@ -148,15 +165,24 @@ class OpenAIEngine(CompletionsEngine):
         )
 
     async def _first_model(self) -> str:
-        listing = await self._client.get("/models")
-        try:
-            self._model = str(listing["data"][0]["id"])
-        except (KeyError, TypeError, IndexError) as exc:
-            raise self._client.malformed("/models", "no model listed; set EGRM_OPENAI_MODEL") from exc
+        async with self._listing:
+            if self._model is None:
+                self._model = self._listed(await self._client.get("/models"))
         return self._model
 
+    def _listed(self, listing: Any) -> str:
+        try:
+            return str(listing["data"][0]["id"])
+        except (KeyError, TypeError, IndexError) as exc:
+            raise self._client.malformed("/models", "no model listed; set EGRM_OPENAI_MODEL") from exc
+
     async def ready(self) -> bool:
-        if not await self._client.probe("/models", self._ready_timeout_s):
+        """The server lists its models in time (the first is the one to ask, unless one is set)."""
+        try:
+            listing = await self._client.get("/models", self._ready_timeout_s)
+            if self._model is None:
+                self._model = self._listed(listing)
+        except (EngineUnavailableError, EngineBusyError, BackendRejectedError):
             return False
         if self.dialect == "vllm-legacy" and not self._asked:
             await self._check_guided_regex()
@@ -176,6 +202,16 @@ class OpenAIEngine(CompletionsEngine):
                 f"vLLM {version} at {self.url} ignores guided_regex (removed in vLLM 0.12), so the answers would "
                 "not be constrained: set EGRM_OPENAI_DIALECT=vllm (structured_outputs) instead of vllm-legacy"
             )
+
+
+def _sampled_ids(choice: dict[str, Any], tokens: Sequence[Any]) -> list[int] | None:
+    """The ids vLLM sampled: named in the log-probs' tokens ("token_id:N", return_tokens_as_token_ids)
+    or listed in token_ids (return_token_ids); None from a server that gives neither."""
+    if choice.get("token_ids") is not None:
+        return [int(i) for i in choice["token_ids"]]
+    if tokens and all(isinstance(t, str) and t.startswith(_TOKEN_ID) for t in tokens):
+        return [int(t[len(_TOKEN_ID) :]) for t in tokens]
+    return None
 
 
 def _release(version: str) -> tuple[int, int]:

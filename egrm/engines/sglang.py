@@ -195,10 +195,14 @@ class SGLangEngine(RemoteEngine):
                 ids = [int(t[1]) for t in meta.get("output_token_logprobs") or []] or self.encode(text)
             kind = reason.get("type") if isinstance(reason, dict) else reason
             matched = reason.get("matched") if isinstance(reason, dict) else None
+            finish = FinishReason.LENGTH if kind == "length" else FinishReason.STOP
+            ids = [int(i) for i in ids]
+            if finish is FinishReason.STOP:
+                ids, logprobs = self._tok.own_tokens(ids, logprobs)
             return _Output(
                 text=text,
-                ids=[int(i) for i in ids],
-                finish=FinishReason.LENGTH if kind == "length" else FinishReason.STOP,
+                ids=ids,
+                finish=finish,
                 matched_token=matched if isinstance(matched, int) else None,
                 prompt_tokens=int(meta["prompt_tokens"]),
                 cached_tokens=int(meta.get("cached_tokens") or 0),

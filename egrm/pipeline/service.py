@@ -65,6 +65,10 @@ class RewardPipeline:
         response to it, across requests (sharing.py); None: each item computes its own. policy: the
         judge's routing policy (routing.py), which the service's requests route by; None: tau."""
         self.engine = engine
+        # The judge's name in question keys, read once: a remote engine learns its server's own
+        # name for the model on its first call, and a key that changed then would split the work
+        # of one question between the requests before and after it.
+        self.judge_name = engine.model_name
         self.policy = policy
         self.scorer = scorer
         self.checker = checker if checker is not None else MathVerifyChecker()
@@ -189,7 +193,7 @@ class RewardPipeline:
         """The judge's work on the item's question, computed here or shared (sharing.py), for as
         long as the block judges against it; then its branches are released (shared work: once
         nobody uses it and it has left the window)."""
-        key = question_key(self.engine.model_name, prompt_ids, options)
+        key = question_key(self.judge_name, prompt_ids, options)
 
         def compute() -> Awaitable[QuestionWork]:
             return judge_question(self.engine, self.scorer, self.checker, key, item.prompt, prompt_ids, options, tag)

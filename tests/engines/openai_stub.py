@@ -8,8 +8,10 @@ Shapes from the OpenAI API reference (Completions: POST /v1/completions -> {"id"
 "type", "param", "code"}}) and vLLM's additions (vllm/entrypoints/openai/protocol.py:
 CompletionResponseChoice.stop_reason / token_ids / prompt_token_ids, UsageInfo.
 prompt_tokens_details.cached_tokens, CompletionRequest.structured_outputs / guided_regex (before 0.12) /
-return_token_ids; vLLM caches whole KV blocks, 16 tokens by default), and vLLM's GET /version at
-the server root, not under /v1 (vllm/entrypoints/serve/instrumentator/basic.py: {"version"}).
+return_token_ids / return_tokens_as_token_ids (each log-prob token named "token_id:N"); a branch that
+ends its turn has the end-of-turn id last, as vLLM 0.32 answered here; vLLM caches whole KV blocks, 16
+tokens by default), and vLLM's GET /version at the server root, not under /v1
+(vllm/entrypoints/serve/instrumentator/basic.py: {"version"}).
 """
 
 from __future__ import annotations
@@ -87,9 +89,12 @@ class StubOpenAI:
         choices, completion = [], 0
         for i in range(body.get("n", 1)):
             text, out, finish = self._decode(i, body, reasoning_follows(self.tok, ids))
+            if self.vllm and finish == "stop" and not body.get("stop"):
+                out = [*out, min(self.tok.eos_ids)]  # vLLM returns the end of turn that stopped it
             completion += len(out)
             choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": finish, "stop_reason": None}
-            choice["logprobs"] = _logprobs(self.tok, out) if body.get("logprobs") is not None else None
+            as_ids = self.vllm and bool(body.get("return_tokens_as_token_ids"))
+            choice["logprobs"] = _logprobs(self.tok, out, as_ids) if body.get("logprobs") is not None else None
             if self.vllm and body.get("return_token_ids"):
                 choice["token_ids"], choice["prompt_token_ids"] = out, ids
             choices.append(choice)
@@ -127,8 +132,8 @@ class StubOpenAI:
         return self.tok.decode(out[:limit]), out[:limit], "length"
 
 
-def _logprobs(tok: LocalTokenizer, out: list[int]) -> dict[str, Any]:
-    tokens = [tok.decode([t]) for t in out]
+def _logprobs(tok: LocalTokenizer, out: list[int], as_ids: bool) -> dict[str, Any]:
+    tokens = [f"token_id:{t}" if as_ids else tok.decode([t]) for t in out]
     offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
     return {
         "tokens": tokens,

@@ -110,7 +110,9 @@ def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, fiel
     (branch,) = run(url, tok, twice, dialect=dialect)
     sent = stub.requests[-1]
     assert sent[field] == ({"regex": " ?(Yes|No)"} if dialect == "vllm" else " ?(Yes|No)")
-    assert sent.get("return_token_ids") is (True if dialect == "vllm" else None)
+    assert sent["return_tokens_as_token_ids"] is True
+    # vLLM names the sampled ids in the log-probs, the end of turn last: not one of the branch's.
+    assert branch.token_ids == tok.encode(" Yes") and len(branch.logprobs) == branch.completion_tokens
     # vLLM fills what a request leaves out from the model's generation_config.json: pinned neutral.
     assert (sent["top_k"], sent["min_p"], sent["repetition_penalty"]) == (-1, 0.0, 1.0)
     assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit

@@ -49,6 +49,17 @@ class LocalTokenizer:
                 f"context of {self.context_length} tokens"
             )
 
+    def own_tokens(self, ids: Sequence[int], logprobs: Sequence[float]) -> tuple[list[int], list[float]]:
+        """A stopped branch's tokens and log-probs as the embedded engine counts them: the EOS that
+        ended it is not one of its tokens (vLLM and SGLang return it; its log-prob, the chance of
+        stopping there, is not part of the answer's probability)."""
+        own, values = list(ids), list(logprobs)
+        if own and own[-1] in self.eos_ids:
+            if len(values) == len(own):
+                values.pop()
+            own.pop()
+        return own, values
+
     def without_eos(self, ids: Sequence[int]) -> list[int]:
         """A branch's tokens to continue from: a final EOS would end the turn mid-context."""
         out = list(ids)

@@ -1,0 +1,295 @@
+"""egrm's own share on the remote path: egrm over vLLM against the engine calls it made, replayed straight
+to vLLM. Prints one JSON line.
+
+1. Record: `egrm serve` (EGRM_ENGINE=openai, dialect vllm) talks to vLLM through a recording proxy;
+   one client sends every request of every workload, one at a time, so each vLLM call belongs to
+   the request in flight. A request's calls fall into waves: a call that starts before every
+   earlier call of its request has ended runs beside them (the ladder), one that starts after
+   waits for them (the long path's reasoning waits for the samples).
+2. Time, per workload and concurrency: egrm straight to vLLM (no proxy), then the recorded calls
+   replayed by a plain httpx client with the same concurrency, wave after wave. vLLM's prefix cache
+   is emptied before each (POST /reset_prefix_cache, served in its dev mode), and the cores cool
+   down (vLLM's engine spins a while after a call), so both start alike. Seeds fix every sample,
+   so egrm's calls are the recorded ones.
+3. Report: egrm's latency minus the replay's, per one-item request at one client (p50, p90);
+   items/s at 16 clients, egrm vs replay; vLLM's prefix-cache hit rate over egrm's calls (from its
+   /metrics); and, once vLLM is stopped, `egrm serve` on its embedded engine on the short workload
+   at 16 clients (the same weights and dtype), the ratio a user gets by moving to vLLM here.
+
+Workloads (each question its own, so nothing is read from egrm's question window):
+- short: one-item /v1/rewards on the short path (5 ladder calls);
+- long: one-item /v1/rewards on the long path (the ladder, then 5 reasoning continuations);
+- grpo: P prompts x G responses, one item per POST, sharing on (one question's calls per group;
+  the group's other POSTs join them). Only items/s: a joined answer is not a latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+from egrm.config import Settings
+from egrm.engines.embedded.loader import resolve_dtype
+from egrm.factory import judge_model_path
+from loadtest.serverproc import free_port, running_server, vllm_server
+
+SERVED = "judge"
+COOL_DOWN_S = 2.0
+G = 8
+
+
+@dataclass(slots=True)
+class Call:
+    start: float
+    end: float
+    body: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Job:
+    """One egrm request of a workload, and the vLLM calls it made, in waves."""
+
+    workload: str
+    body: dict[str, Any]
+    calls: list[Call] = field(default_factory=list)
+
+    @property
+    def waves(self) -> list[list[dict[str, Any]]]:
+        waves: list[list[Call]] = []
+        for call in sorted(self.calls, key=lambda c: c.start):
+            if waves and call.start < min(c.end for c in waves[-1]):
+                waves[-1].append(call)
+            else:
+                waves.append([call])
+        return [[c.body for c in wave] for wave in waves]
+
+
+def short_job(i: int, path: str) -> Job:
+    a, b = 13 + (7 * i) % 83, 4 + (11 * i) % 89
+    item = {"prompt": f"What is {a} + {b}? (case {i})", "response": str(a + b + i % 2)}
+    return Job(path, {"items": [item], "options": {"path": path, "seed": i}})
+
+
+def grpo_jobs(prompts: int, first: int) -> list[Job]:
+    jobs = []
+    for p in range(first, first + prompts):
+        a, b = 12 + (13 * p) % 80, 3 + p % 9
+        for k in range(G):
+            answer = a * b + (0 if k % 2 == 0 else (1, -1, 10, -10)[(k // 2) % 4])
+            item = {"prompt": f"What is {a} * {b}? (group {p})", "response": f"The answer is {answer}."}
+            jobs.append(Job("grpo", {"items": [item], "options": {"seed": p}}))
+    return jobs
+
+
+class Recorder:
+    """A proxy in front of vLLM that files each POST it forwards under the job in flight."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream
+        self.current: Job | None = None
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+        client = httpx.AsyncClient(base_url=self.upstream, timeout=300)
+
+        @app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def forward(path: str, request: Request) -> Response:
+            content = await request.body()
+            start = time.perf_counter()
+            answer = await client.request(
+                request.method, f"/{path}", content=content, headers={"content-type": "application/json"}
+            )
+            if request.method == "POST" and self.current is not None:
+                self.current.calls.append(Call(start, time.perf_counter(), json.loads(content)))
+            return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+
+        return app
+
+
+@contextmanager
+def in_thread(app: FastAPI) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def egrm_env(model: str, openai_url: str) -> dict[str, str]:
+    return {
+        "EGRM_ENGINE": "openai",
+        "EGRM_OPENAI_URL": f"{openai_url}/v1",
+        "EGRM_OPENAI_DIALECT": "vllm",
+        "EGRM_OPENAI_MODEL": SERVED,
+        "EGRM_MODEL": model,
+    }
+
+
+def record(jobs: list[Job], model: str, vllm: str) -> None:
+    recorder = Recorder(vllm)
+    with in_thread(recorder.app()) as proxy, running_server(egrm_env(model, proxy)) as url:
+        for job in jobs:
+            recorder.current = job
+            r = httpx.post(f"{url}/v1/rewards", json=job.body, timeout=300)
+            r.raise_for_status()
+            recorder.current = None
+
+
+def vllm_counters(vllm: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for line in httpx.get(f"{vllm}/metrics", timeout=30).text.splitlines():
+        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            if line.startswith(name + "{"):
+                totals[name] = totals.get(name, 0.0) + float(line.split()[-1])
+    return totals
+
+
+def cold(vllm: str | None) -> None:
+    """Empty vLLM's prefix cache and let the cores cool down."""
+    if vllm is not None:
+        httpx.post(f"{vllm}/reset_prefix_cache", timeout=60).raise_for_status()
+    time.sleep(COOL_DOWN_S)
+
+
+async def closed_loop(jobs: list[Job], clients: int, send) -> tuple[list[float], float]:  # type: ignore[no-untyped-def]
+    """Run every job once, `clients` at a time; each job's latency (ms) in job order, and the wall (s)."""
+    latencies = [0.0] * len(jobs)
+    order = iter(range(len(jobs)))
+    limits = httpx.Limits(max_connections=clients * 8, max_keepalive_connections=clients * 8)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+
+        async def worker() -> None:
+            for i in order:
+                start = time.perf_counter()
+                await send(client, jobs[i])
+                latencies[i] = (time.perf_counter() - start) * 1000
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return latencies, time.perf_counter() - start
+
+
+def via_egrm(url: str):  # type: ignore[no-untyped-def]
+    async def send(client: httpx.AsyncClient, job: Job) -> None:
+        r = await client.post(f"{url}/v1/rewards", json=job.body)
+        r.raise_for_status()
+        assert all(x["error"] is None for x in r.json()["results"]), r.text
+
+    return send
+
+
+def replayed(vllm: str):  # type: ignore[no-untyped-def]
+    async def send(client: httpx.AsyncClient, job: Job) -> None:
+        for wave in job.waves:
+            answers = await asyncio.gather(*(client.post(f"{vllm}/v1/completions", json=b) for b in wave))
+            for answer in answers:
+                answer.raise_for_status()
+                answer.json()  # as egrm must: the answer is read
+
+    return send
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def side_by_side(jobs: list[Job], clients: int, egrm: str, vllm: str) -> dict[str, Any]:
+    """egrm, then the replay, of the same jobs on a cold cache each; vLLM's hit rate over egrm's."""
+    cold(vllm)
+    before = vllm_counters(vllm)
+    ours, ours_wall = asyncio.run(closed_loop(jobs, clients, via_egrm(egrm)))
+    after = vllm_counters(vllm)
+    cold(vllm)
+    theirs, theirs_wall = asyncio.run(closed_loop(jobs, clients, replayed(vllm)))
+    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    added = [a - b for a, b in zip(ours, theirs, strict=True)]
+    return {
+        "items": len(jobs),
+        "clients": clients,
+        "calls": sum(len(j.calls) for j in jobs),
+        "egrm_items_per_s": round(len(jobs) / ours_wall, 2),
+        "replay_items_per_s": round(len(jobs) / theirs_wall, 2),
+        "items_per_s_ratio": round(theirs_wall / ours_wall, 3),
+        "egrm_p50_ms": round(statistics.median(ours), 1),
+        "replay_p50_ms": round(statistics.median(theirs), 1),
+        "added_p50_ms": round(statistics.median(added), 1),
+        "added_p90_ms": round(percentile(added, 0.9), 1),
+        "prefix_cache_hit_rate": round(hits / queries, 3) if queries else None,
+    }
+
+
+def embedded_items_per_s(jobs: list[Job], clients: int, model: str, dtype: str) -> float:
+    with running_server({"EGRM_MODEL": model, "EGRM_DTYPE": dtype}) as url:
+        asyncio.run(closed_loop(jobs[:2], 1, via_egrm(url)))  # warm-up
+        cold(None)
+        _, wall = asyncio.run(closed_loop(jobs, clients, via_egrm(url)))
+    return len(jobs) / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", type=int, default=16, help="one-item short-path requests at one client")
+    parser.add_argument("--long", type=int, default=8, help="one-item long-path requests at one client")
+    parser.add_argument("--grpo", type=int, default=8, help=f"prompts of {G} responses at 16 clients")
+    parser.add_argument("--dtype", default="auto", help="vLLM's and the embedded engine's dtype")
+    parser.add_argument("--vllm-url", help="a running vLLM serving the judge as 'judge', in dev mode")
+    args = parser.parse_args()
+    settings = Settings()
+    model = str(judge_model_path(settings))
+    dtype = resolve_dtype(args.dtype)
+    plan = {
+        ("short", 1): [short_job(i, "short") for i in range(args.short)],
+        ("short", 16): [short_job(i, "short") for i in range(1000, 1000 + 4 * args.short)],
+        ("long", 1): [short_job(i, "long") for i in range(2000, 2000 + args.long)],
+        ("long", 16): [short_job(i, "long") for i in range(3000, 3000 + 4 * args.long)],
+        ("grpo", 16): grpo_jobs(args.grpo, 4000),
+    }
+
+    def measure(vllm: str) -> dict[str, Any]:
+        httpx.post(f"{vllm}/v1/completions", json={"model": SERVED, "prompt": [1, 2, 3], "max_tokens": 2}, timeout=300)
+        record([job for jobs in plan.values() for job in jobs], model, vllm)
+        with running_server(egrm_env(model, vllm)) as egrm:
+            return {f"{w}_c{c}": side_by_side(jobs, c, egrm, vllm) for (w, c), jobs in plan.items()}
+
+    if args.vllm_url:
+        runs = measure(args.vllm_url)
+    else:
+        port = free_port()
+        with vllm_server(judge_model_path(settings), settings.cache_dir, port, SERVED, dtype) as _:
+            runs = measure(f"http://127.0.0.1:{port}")
+    embedded = embedded_items_per_s(plan[("short", 16)], 16, model, dtype)
+    hits = [r["prefix_cache_hit_rate"] for r in runs.values() if r["prefix_cache_hit_rate"] is not None]
+    out = {
+        "dtype": dtype,
+        "runs": runs,
+        "added_p50_ms": {k: v["added_p50_ms"] for k, v in runs.items() if k.endswith("_c1")},
+        "items_per_s_vs_replay_c16": {k: v["items_per_s_ratio"] for k, v in runs.items() if k.endswith("_c16")},
+        "embedded_short_c16_items_per_s": round(embedded, 2),
+        "vllm_vs_embedded_short_c16": round(runs["short_c16"]["egrm_items_per_s"] / embedded, 3),
+        "prefix_cache_hit_rate_min": min(hits) if hits else None,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
