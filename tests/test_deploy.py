@@ -51,6 +51,7 @@ SERVICES: dict[str, dict] = COMPOSE["services"]
 K8S = [doc for path in sorted(K8S_DIR.glob("*.yaml")) if path.name != "kustomization.yaml" for doc in load_yaml(path)]
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 GPU_SERVICES = {"sglang", "dcgm-exporter"}  # compose's gpu profile
+VLLM_DIR = K8S_DIR / "vllm"
 
 
 def k8s(kind: str, name: str) -> dict:
@@ -178,7 +179,7 @@ def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
 
 
 def test_compose_services_ports_and_wiring():
-    assert set(SERVICES) == {"api", "scorer", "prometheus", "grafana", "locust", *GPU_SERVICES}
+    assert set(SERVICES) == {"api", "scorer", "prometheus", "grafana", "locust", "vllm", *GPU_SERVICES}
     api, scorer = SERVICES["api"], SERVICES["scorer"]
     assert api["ports"] == [f"{SETTINGS_PORT}:{compose_port('api')}"] and compose_port("api") == SETTINGS_PORT
     assert scorer["command"] == SCORER_COMMAND
@@ -197,7 +198,50 @@ def test_compose_sglang_and_dcgm_exporter_are_gpu_profile_services():
     for svc in (sglang, dcgm):
         (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
         assert svc["profiles"] == ["gpu"] and device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert all("profiles" not in svc for name, svc in SERVICES.items() if name not in GPU_SERVICES)
+    assert all("profiles" not in svc for name, svc in SERVICES.items() if name not in GPU_SERVICES | {"vllm"})
+
+
+def vllm_flags_of_the_measured_server(args: list[str]) -> None:
+    """The flags egrm's vLLM tests and benchmarks run with (loadtest/serverproc.vllm_server) that
+    matter on a GPU too: cached-token counts in usage, no sampling defaults from the model's files."""
+    assert "--enable-prompt-tokens-details" in args and flag(args, "--generation-config") == "vllm"
+    assert "--disable-uvicorn-access-log" in args
+
+
+def test_compose_vllm_is_the_api_openai_engine_in_its_profile():
+    vllm, env = SERVICES["vllm"], SERVICES["api"]["environment"]
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert vllm["profiles"] == ["vllm"] and device["capabilities"] == ["gpu"]
+    assert interpolate(vllm["image"]).startswith("vllm/vllm-openai")
+    vllm_flags_of_the_measured_server(vllm["command"])
+    assert env["EGRM_OPENAI_URL"] == f"http://vllm:{compose_port('vllm')}/v1" and env["EGRM_OPENAI_DIALECT"] == "vllm"
+    assert flag(vllm["command"], "--served-model-name") == env["EGRM_OPENAI_MODEL"]
+
+
+def test_the_vllm_overlay_swaps_sglang_for_vllm_runtimes_the_api_reaches():
+    kustomization = load_yaml(VLLM_DIR / "kustomization.yaml")[0]
+    assert kustomization["resources"] == ["..", "vllm.yaml"]
+    deleted = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "$patch: delete" in p["patch"]]
+    sglang = {(d["kind"], d["metadata"]["name"]) for d in K8S if "sglang" in d["metadata"]["name"]}
+    assert {(d["kind"], d["metadata"]["name"]) for d in deleted} == sglang
+    (config,) = [p for p in kustomization["patches"] if p.get("target", {}).get("name") == "egrm-config"]
+    data = {op["path"].removeprefix("/data/"): op["value"] for op in yaml.safe_load(config["patch"])}
+    assert data["EGRM_ENGINE"] == "openai" and data["EGRM_OPENAI_DIALECT"] == "vllm"
+    Settings(**{k.removeprefix("EGRM_").lower(): v for k, v in data.items()})  # valid together
+    docs = load_yaml(VLLM_DIR / "vllm.yaml")
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    (runtime,) = [d for d in docs if d["kind"] == "Deployment"]
+    url = urlsplit(data["EGRM_OPENAI_URL"])
+    assert url.hostname == service["metadata"]["name"] and url.path == "/v1"
+    assert [p["port"] for p in service["spec"]["ports"]] == [url.port]
+    # A question's calls meet their prefix cache on one runtime: each api pod keeps to one.
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    c = container(runtime)
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": url.port}
+    assert int(flag(c["args"], "--port")) == url.port and flag(c["args"], "--served-model-name") == data["EGRM_OPENAI_MODEL"]
+    vllm_flags_of_the_measured_server(c["args"])
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert probe_path_and_port(c, "readinessProbe") == ("/health", url.port)
 
 
 def test_sglang_runtimes_honour_sampling_seeds():

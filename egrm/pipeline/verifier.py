@@ -26,6 +26,7 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 from pebble import ProcessExpired
@@ -68,12 +69,21 @@ def normalise(text: str) -> str:
     return " ".join(text.split()).rstrip(" .,:;!").casefold()
 
 
+@lru_cache(maxsize=8192)
+def _read(text: str) -> tuple[Any, ...]:
+    """What math-verify reads in a text, kept: the judge's samples repeat one another ("13+4=17"
+    five times), and a question's samples are read again against each response (1 ms a text)."""
+    from math_verify import parse
+
+    return tuple(parse(_TAG.sub(" ", text), parsing_timeout=_PARSE_TIMEOUT_S))
+
+
 def compare_texts(answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:
     """The comparison itself (runs in the worker process; callable directly where no deadline is needed)."""
-    from math_verify import parse, verify
+    from math_verify import verify
 
     def read(text: str) -> list[Any]:
-        return parse(_TAG.sub(" ", text), parsing_timeout=_PARSE_TIMEOUT_S)
+        return list(_read(text))
 
     def value(text: str) -> list[Any]:
         """What a judge's answer reads as when it is a value; [] (text) otherwise."""
