@@ -238,7 +238,10 @@ def test_the_vllm_overlay_swaps_sglang_for_vllm_runtimes_the_api_reaches():
     assert service["spec"]["sessionAffinity"] == "ClientIP"
     c = container(runtime)
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": url.port}
-    assert int(flag(c["args"], "--port")) == url.port and flag(c["args"], "--served-model-name") == data["EGRM_OPENAI_MODEL"]
+    assert (
+        int(flag(c["args"], "--port")) == url.port
+        and flag(c["args"], "--served-model-name") == data["EGRM_OPENAI_MODEL"]
+    )
     vllm_flags_of_the_measured_server(c["args"])
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert probe_path_and_port(c, "readinessProbe") == ("/health", url.port)
