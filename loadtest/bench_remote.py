@@ -7,10 +7,11 @@ to vLLM. Prints one JSON line.
    earlier call of its request has ended runs beside them (the ladder), one that starts after
    waits for them (the long path's reasoning waits for the samples).
 2. Time, per workload and concurrency: egrm straight to vLLM (no proxy), then the recorded calls
-   replayed by a plain httpx client with the same concurrency, wave after wave. vLLM's prefix cache
-   is emptied before each (POST /reset_prefix_cache, served in its dev mode), and the cores cool
-   down (vLLM's engine spins a while after a call), so both start alike. Seeds fix every sample,
-   so egrm's calls are the recorded ones.
+   replayed by a plain aiohttp client (egrm's own) with the same concurrency, wave after wave; at
+   16 clients each twice (egrm, replay, replay, egrm). vLLM's prefix cache is emptied before each
+   (POST /reset_prefix_cache, served in its dev mode), and the cores cool down (vLLM's engine
+   spins a while after a call), so both start alike. Seeds fix every sample, so egrm's calls are
+   the recorded ones.
 3. Report: egrm's own time per one-item request at one client (p50, p90): its latency while
    recording outside every vLLM call; beside it, its latency against the replay's, each request
    and its replay back to back on a cold cache (noisier: two runs of vLLM);
@@ -39,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -196,11 +198,12 @@ def cold(vllm: str | None) -> None:
 
 
 async def closed_loop(jobs: list[Job], clients: int, send) -> tuple[list[float], float]:  # type: ignore[no-untyped-def]
-    """Run every job once, `clients` at a time; each job's latency (ms) in job order, and the wall (s)."""
+    """Run every job once, `clients` at a time; each job's latency (ms) in job order, and the wall (s).
+    The client is aiohttp, as egrm's own backend client: the replay costs no more CPU than egrm's calls."""
     latencies = [0.0] * len(jobs)
     order = iter(range(len(jobs)))
-    limits = httpx.Limits(max_connections=clients * 8, max_keepalive_connections=clients * 8)
-    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as client:
 
         async def worker() -> None:
             for i in order:
@@ -213,15 +216,23 @@ async def closed_loop(jobs: list[Job], clients: int, send) -> tuple[list[float],
         return latencies, time.perf_counter() - start
 
 
+async def post(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST JSON and read the JSON answer (as egrm must read vLLM's); fail on an error status."""
+    async with client.post(url, json=body) as answer:
+        text = await answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"{url} answered {answer.status}: {text[:300]!r}")
+        return json.loads(text)  # type: ignore[no-any-return]
+
+
 def via_egrm(url: str, usage: dict[str, int] | None = None):  # type: ignore[no-untyped-def]
     """Send each job to egrm; add up the usage egrm reports (its calls' prompt and cached tokens)."""
 
-    async def send(client: httpx.AsyncClient, job: Job) -> None:
-        r = await client.post(f"{url}/v1/rewards", json=job.body)
-        r.raise_for_status()
-        assert all(x["error"] is None for x in r.json()["results"]), r.text
+    async def send(client: aiohttp.ClientSession, job: Job) -> None:
+        answer = await post(client, f"{url}/v1/rewards", job.body)
+        assert all(x["error"] is None for x in answer["results"]), answer
         if usage is not None:
-            for key, value in r.json()["usage"].items():
+            for key, value in answer["usage"].items():
                 usage[key] = usage.get(key, 0) + value
 
     return send
@@ -232,14 +243,11 @@ def replayed(vllm: str):  # type: ignore[no-untyped-def]
     job that made them, as egrm's joined request waits for the work it joined."""
     groups: dict[int, asyncio.Future[None]] = {}
 
-    async def calls(client: httpx.AsyncClient, job: Job) -> None:
+    async def calls(client: aiohttp.ClientSession, job: Job) -> None:
         for wave in job.waves:
-            answers = await asyncio.gather(*(client.post(f"{vllm}/v1/completions", json=b) for b in wave))
-            for answer in answers:
-                answer.raise_for_status()
-                answer.json()  # as egrm must: the answer is read
+            await asyncio.gather(*(post(client, f"{vllm}/v1/completions", b) for b in wave))
 
-    async def send(client: httpx.AsyncClient, job: Job) -> None:
+    async def send(client: aiohttp.ClientSession, job: Job) -> None:
         if job.group is None:
             await calls(client, job)
         elif job.calls:
@@ -254,12 +262,6 @@ def replayed(vllm: str):  # type: ignore[no-untyped-def]
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def vllm_hit_rate(before: dict[str, float], after: dict[str, float]) -> float | None:
-    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
-    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
-    return round(hits / queries, 3) if queries else None
 
 
 def paired(jobs: list[Job], egrm: str, vllm: str) -> dict[str, Any]:
@@ -288,21 +290,27 @@ def paired(jobs: list[Job], egrm: str, vllm: str) -> dict[str, Any]:
 
 
 def side_by_side(jobs: list[Job], clients: int, egrm: str, vllm: str) -> dict[str, Any]:
-    """egrm, then the replay, of the same jobs on a cold cache each; vLLM's hit rate over egrm's."""
-    cold(vllm)
-    before = vllm_counters(vllm)
-    _, ours_wall = asyncio.run(closed_loop(jobs, clients, via_egrm(egrm)))
-    after = vllm_counters(vllm)
-    cold(vllm)
-    _, theirs_wall = asyncio.run(closed_loop(jobs, clients, replayed(vllm)))
+    """egrm and the replay of the same jobs, each twice (egrm, replay, replay, egrm: drift hits
+    both alike), each on a cold cache; vLLM's hit rate over egrm's calls."""
+    walls: dict[str, float] = {"egrm": 0.0, "replay": 0.0}
+    queries = hits = 0.0
+    for name in ("egrm", "replay", "replay", "egrm"):
+        cold(vllm)
+        before = vllm_counters(vllm)
+        send = via_egrm(egrm) if name == "egrm" else replayed(vllm)
+        walls[name] += asyncio.run(closed_loop(jobs, clients, send))[1]
+        if name == "egrm":
+            after = vllm_counters(vllm)
+            queries += after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+            hits += after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
     return {
         "items": len(jobs),
         "clients": clients,
         "calls": sum(len(j.calls) for j in jobs),
-        "egrm_items_per_s": round(len(jobs) / ours_wall, 2),
-        "replay_items_per_s": round(len(jobs) / theirs_wall, 2),
-        "items_per_s_ratio": round(theirs_wall / ours_wall, 3),
-        "prefix_cache_hit_rate": vllm_hit_rate(before, after),
+        "egrm_items_per_s": round(2 * len(jobs) / walls["egrm"], 2),
+        "replay_items_per_s": round(2 * len(jobs) / walls["replay"], 2),
+        "items_per_s_ratio": round(walls["replay"] / walls["egrm"], 3),
+        "prefix_cache_hit_rate": round(hits / queries, 3) if queries else None,
     }
 
 

@@ -51,7 +51,7 @@ SERVICES: dict[str, dict] = COMPOSE["services"]
 K8S = [doc for path in sorted(K8S_DIR.glob("*.yaml")) if path.name != "kustomization.yaml" for doc in load_yaml(path)]
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 GPU_SERVICES = {"sglang", "dcgm-exporter"}  # compose's gpu profile
-VLLM_DIR = K8S_DIR / "vllm"
+VLLM_DIR = ROOT / "deploy" / "k8s-vllm"
 
 
 def k8s(kind: str, name: str) -> dict:
@@ -220,7 +220,7 @@ def test_compose_vllm_is_the_api_openai_engine_in_its_profile():
 
 def test_the_vllm_overlay_swaps_sglang_for_vllm_runtimes_the_api_reaches():
     kustomization = load_yaml(VLLM_DIR / "kustomization.yaml")[0]
-    assert kustomization["resources"] == ["..", "vllm.yaml"]
+    assert kustomization["resources"] == ["../k8s", "vllm.yaml"]
     deleted = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "$patch: delete" in p["patch"]]
     sglang = {(d["kind"], d["metadata"]["name"]) for d in K8S if "sglang" in d["metadata"]["name"]}
     assert {(d["kind"], d["metadata"]["name"]) for d in deleted} == sglang
