@@ -154,6 +154,11 @@ class _EngineCollector(Collector):
                 "Branches whose KV the garbage collector freed: their caller never released them (a safety net).",
                 s.gc_released,
             ),
+            "egrm_engine_background_steps": (
+                "Engine steps that computed work nobody waits for (question work in its grace).",
+                s.background_steps,
+            ),
+            "egrm_engine_background_tokens": ("Tokens those steps computed for it.", s.background_tokens),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)
@@ -187,6 +192,16 @@ class _SharingCollector(Collector):
             "egrm_shared_questions_refused",
             "Requests refused new question work (429): it would not finish before their deadline.",
             value=s.refused,
+        )
+        yield CounterMetricFamily(
+            "egrm_shared_questions_dropped",
+            "Question work stopped at the end of its grace: nobody came back for it.",
+            value=s.dropped,
+        )
+        yield GaugeMetricFamily(
+            "egrm_shared_questions_orphaned",
+            "Question work running that nobody waits for (its grace after a deadline): background work.",
+            value=s.orphaned,
         )
         yield GaugeMetricFamily("egrm_shared_questions_entries", "Finished question work kept.", value=s.entries)
         yield GaugeMetricFamily("egrm_shared_questions_bytes", "Size of the question work kept.", value=s.bytes)

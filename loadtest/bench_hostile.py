@@ -1,19 +1,30 @@
-"""One hostile request beside a polite one, against a fresh server: prints one JSON line.
+"""One hostile request beside polite ones, against a fresh server: prints one JSON line.
 
 The hostile request: many items of long prompts, many samples each, forced to the long path, under
-a request deadline. While it runs, a one-item request is sent a few times; its latency is compared
-with the same request's unloaded latency measured in the same run. After the big request's
-deadline the server's KV in use (egrm_engine_kv_bytes) is polled until it is back to idle, and a
-one-item request is timed again. The server's peak RSS (VmHWM) is read at the end.
+the server's request deadline. Polite requests are one-item short-path requests, each a question
+never asked before (a repeated question is read from the question window: that is measured apart,
+as `window_hit_ms`, and is not a latency of the engine):
+- unloaded: one client, alone, before anything else;
+- beside: one client, while the hostile request runs (until its answer, 504 or 429);
+- grace: one client, for `--grace-window-s` after that answer, while its work may still run in its
+  grace (nobody waits for it: it must yield to live work);
+- after: once the server's KV is back to idle.
+Every polite answer is counted by status: none may be refused (429) while the hostile one runs or
+in its grace. The hostile request is sent twice: on a fresh server (no throughput estimate yet:
+it is admitted and runs to its deadline), then again (admission knows the rate by then).
+Reports medians and their ratios to unloaded, the engine's background steps and the question
+work dropped at the end of its grace, the KV's return to idle, and the peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +32,17 @@ import httpx
 
 from loadtest.serverproc import server_process
 
-SMALL = {"items": [{"prompt": "What is 17 + 25?", "response": "42"}], "options": {"seed": 1}}
+_fresh = itertools.count(1)
+
+
+def polite_body() -> dict[str, Any]:
+    """A one-item short-path request on a question never asked before."""
+    i = next(_fresh)
+    a, b = 11 + (37 * i) % 89, 13 + (53 * i) % 83
+    return {
+        "items": [{"prompt": f"What is {a} + {b}? (polite {i})", "response": str(a + b)}],
+        "options": {"path": "short"},
+    }
 
 
 def vm(pid: int, field: str) -> float:
@@ -31,8 +52,8 @@ def vm(pid: int, field: str) -> float:
     raise RuntimeError(f"no {field} for pid {pid}")
 
 
-def metric(text: str, name: str) -> float:
-    for line in text.splitlines():
+async def metric(client: httpx.AsyncClient, url: str, name: str) -> float:
+    for line in (await client.get(f"{url}/metrics")).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
@@ -44,39 +65,88 @@ async def timed(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tu
     return (time.perf_counter() - start) * 1000, r.status_code
 
 
-async def run(url: str, pid: int, items: int, digits: int, m: int, rounds: int) -> dict[str, Any]:
+async def polite_until(client: httpx.AsyncClient, url: str, done: Any) -> tuple[list[float], Counter[int]]:
+    """One polite client, fresh questions, until done() is true: latencies of the answered ones."""
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    while not done():
+        ms, status = await timed(client, url, polite_body())
+        statuses[status] += 1
+        if status == 200:
+            latencies.append(ms)
+        else:
+            await asyncio.sleep(0.2)
+    return latencies, statuses
+
+
+def median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 1) if values else None
+
+
+async def episode(
+    client: httpx.AsyncClient, url: str, big: dict[str, Any], grace_window_s: float, unloaded: float
+) -> dict[str, Any]:
+    """The hostile request once, polite clients beside it and in its grace."""
+    background = await metric(client, url, "egrm_engine_background_steps_total")
+    hostile = asyncio.ensure_future(timed(client, url, big))
+    await asyncio.sleep(1.0)  # the big one is in
+    beside, beside_status = await polite_until(client, url, hostile.done)
+    big_ms, big_status = await hostile
+    answered = time.perf_counter()
+    grace, grace_status = await polite_until(client, url, lambda: time.perf_counter() - answered > grace_window_s)
+    out: dict[str, Any] = {
+        "hostile_status": big_status,
+        "hostile_ms": round(big_ms),
+        "polite_beside_ms": median(beside),
+        "polite_in_grace_ms": median(grace),
+        "polite_statuses_beside": dict(beside_status),
+        "polite_statuses_in_grace": dict(grace_status),
+        "polite_refused": beside_status[429] + grace_status[429],
+        "polite_timed_out": beside_status[504] + grace_status[504],
+        "background_steps": await metric(client, url, "egrm_engine_background_steps_total") - background,
+    }
+    for name in ("beside", "in_grace"):
+        value = out[f"polite_{name}_ms"]
+        out[f"ratio_polite_{name}_vs_unloaded"] = round(value / unloaded, 2) if value else None
+    return out
+
+
+async def run(
+    url: str, pid: int, items: int, digits: int, m: int, rounds: int, grace_window_s: float
+) -> dict[str, Any]:
     big = {
         "items": [{"prompt": "Add up: " + "7" * digits + f" ({i})", "response": str(i)} for i in range(items)],
         "options": {"m": m, "path": "long"},
     }
     async with httpx.AsyncClient() as client:
-        await timed(client, url, SMALL)  # warm-up
-        unloaded = [(await timed(client, url, SMALL))[0] for _ in range(rounds)]
-        idle_kv = metric((await client.get(f"{url}/metrics")).text, "egrm_engine_kv_bytes")
-        hostile = asyncio.ensure_future(timed(client, url, big))
-        await asyncio.sleep(2.0)  # the big one is in
-        loaded = []
-        for _ in range(rounds):
-            ms, status = await timed(client, url, SMALL)
-            assert status == 200, status
-            loaded.append(ms)
-        big_ms, big_status = await hostile
+        await timed(client, url, polite_body())  # warm-up
+        unloaded = [(await timed(client, url, polite_body()))[0] for _ in range(rounds)]
+        window = polite_body()
+        await timed(client, url, window)
+        window_hit = [(await timed(client, url, window))[0] for _ in range(rounds)]  # read from the window
+        idle_kv = await metric(client, url, "egrm_engine_kv_bytes")
+        small = statistics.median(unloaded)
+        first = await episode(client, url, big, grace_window_s, small)
+        second = await episode(client, url, big, grace_window_s, small)
         freed_at = time.perf_counter()
-        while metric((await client.get(f"{url}/metrics")).text, "egrm_engine_kv_bytes") > idle_kv:
+        while await metric(client, url, "egrm_engine_kv_bytes") > idle_kv:
             if time.perf_counter() - freed_at > 60:
                 break  # reported as it is: never back to idle within a minute
             await asyncio.sleep(0.05)
         freed_ms = (time.perf_counter() - freed_at) * 1000
-        after, _ = await timed(client, url, SMALL)
-        capacity = metric((await client.get(f"{url}/metrics")).text, "egrm_engine_kv_capacity_bytes")
-    small, small_loaded = statistics.median(unloaded), statistics.median(loaded)
+        after = [(await timed(client, url, polite_body()))[0] for _ in range(rounds)]
+        dropped = await metric(client, url, "egrm_shared_questions_dropped_total")
+        capacity = await metric(client, url, "egrm_engine_kv_capacity_bytes")
     return {
-        "hostile": {"items": items, "prompt_digits": digits, "m": m, "status": big_status, "ms": round(big_ms)},
-        "small_unloaded_ms": round(small, 1),
-        "small_beside_hostile_ms": round(small_loaded, 1),
-        "ratio_small_beside_hostile_vs_unloaded": round(small_loaded / small, 2),
-        "kv_back_to_idle_after_deadline_ms": round(freed_ms, 1),
-        "small_after_ms": round(after, 1),
+        "hostile": {"items": items, "prompt_digits": digits, "m": m},
+        "polite_unloaded_ms": round(small, 1),
+        "window_hit_ms": median(window_hit),
+        "first": first,
+        "second": second,
+        "kv_back_to_idle_after_second_ms": round(freed_ms, 1),
+        "polite_after_ms": median(after),
+        "ratio_polite_after_vs_unloaded": round(statistics.median(after) / small, 2),
+        "question_work_dropped_at_grace_end": dropped,
         "kv_capacity_mb": round(capacity / 2**20),
         "peak_rss_mb": round(vm(pid, "VmHWM")),
     }
@@ -88,11 +158,12 @@ def main() -> None:
     parser.add_argument("--digits", type=int, default=3800, help="prompt length in digits (a token each)")
     parser.add_argument("--m", type=int, default=16)
     parser.add_argument("--timeout-s", type=float, default=20, help="EGRM_REQUEST_TIMEOUT_S of the server")
+    parser.add_argument("--grace-window-s", type=float, default=10, help="polite requests after the hostile answer")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     env = {"EGRM_REQUEST_TIMEOUT_S": str(args.timeout_s)}
     with server_process(env) as (url, proc):
-        result = asyncio.run(run(url, proc.pid, args.items, args.digits, args.m, args.rounds))
+        result = asyncio.run(run(url, proc.pid, args.items, args.digits, args.m, args.rounds, args.grace_window_s))
     print(json.dumps({"request_timeout_s": args.timeout_s, **result}))
 
 

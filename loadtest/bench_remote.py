@@ -36,7 +36,7 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,7 +266,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def paired(jobs: list[Job], egrm: str, vllm: str) -> dict[str, Any]:
     """One client: each job through egrm, then its calls replayed, each on a cold cache."""
-    ours, theirs = [], []
+    ours: list[float] = []
+    theirs: list[float] = []
     usage: dict[str, int] = {}
     for job in jobs:
         for send, out in ((via_egrm(egrm, usage), ours), (replayed(vllm), theirs)):
@@ -289,16 +290,22 @@ def paired(jobs: list[Job], egrm: str, vllm: str) -> dict[str, Any]:
     }
 
 
-def side_by_side(jobs: list[Job], clients: int, egrm: str, vllm: str) -> dict[str, Any]:
+def side_by_side(jobs: list[Job], clients: int, model: str, vllm: str) -> dict[str, Any]:
     """egrm and the replay of the same jobs, each twice (egrm, replay, replay, egrm: drift hits
-    both alike), each on a cold cache; vLLM's hit rate over egrm's calls."""
+    both alike), each on a cold cache, egrm a fresh `egrm serve` each time (the same questions
+    again would be read from its question window: a cached answer is not a throughput); vLLM's hit
+    rate over egrm's calls."""
     walls: dict[str, float] = {"egrm": 0.0, "replay": 0.0}
     queries = hits = 0.0
     for name in ("egrm", "replay", "replay", "egrm"):
-        cold(vllm)
-        before = vllm_counters(vllm)
-        send = via_egrm(egrm) if name == "egrm" else replayed(vllm)
-        walls[name] += asyncio.run(closed_loop(jobs, clients, send))[1]
+        with ExitStack() as stack:
+            if name == "egrm":
+                send = via_egrm(stack.enter_context(running_server(egrm_env(model, vllm))))
+            else:
+                send = replayed(vllm)
+            cold(vllm)
+            before = vllm_counters(vllm)
+            walls[name] += asyncio.run(closed_loop(jobs, clients, send))[1]
         if name == "egrm":
             after = vllm_counters(vllm)
             queries += after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
@@ -344,11 +351,14 @@ def main() -> None:
     def measure(vllm: str) -> dict[str, Any]:
         httpx.post(f"{vllm}/v1/completions", json={"model": SERVED, "prompt": [1, 2, 3], "max_tokens": 2}, timeout=300)
         record([job for jobs in plan.values() for job in jobs], model, vllm)
-        with running_server(egrm_env(model, vllm)) as egrm:
-            return {
-                f"{w}_c{c}": paired(jobs, egrm, vllm) if c == 1 else side_by_side(jobs, c, egrm, vllm)
-                for (w, c), jobs in plan.items()
-            }
+        runs = {}
+        for (w, c), jobs in plan.items():
+            if c == 1:
+                with running_server(egrm_env(model, vllm)) as egrm:
+                    runs[f"{w}_c1"] = paired(jobs, egrm, vllm)
+            else:
+                runs[f"{w}_c{c}"] = side_by_side(jobs, c, model, vllm)
+        return runs
 
     if args.vllm_url:
         runs = measure(args.vllm_url)

@@ -63,6 +63,28 @@ class Branch:
         return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class WorkTag:
+    """The tag of an engine call whose work may outlive its request (a question's work, shared and
+    kept for a retry). `request` is the client request the engine shares its steps fairly under;
+    `waited()` says whether anybody still waits for the work. Work nobody waits for (a deadline
+    passed and its grace runs) is background work: it runs only with what live work leaves of a
+    step, and gives up its KV first."""
+
+    request: object
+    waited: Callable[[], bool]
+
+
+def request_of(tag: object) -> object:
+    """The client request a call's tag names (the engine's unit of fairness)."""
+    return tag.request if isinstance(tag, WorkTag) else tag
+
+
+def is_background(tag: object) -> bool:
+    """Whether nobody waits for a call's work any more."""
+    return isinstance(tag, WorkTag) and not tag.waited()
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Counters an engine fills as it works; metrics.py turns them into Prometheus series."""
@@ -76,6 +98,8 @@ class EngineStats:
     kv_bytes: int = 0  # KV cache in use by branches, running or held (a reading; embedded engine only)
     kv_capacity_bytes: int = 0  # the KV pool's size (embedded engine only)
     gc_released: int = 0  # branches whose KV the garbage collector freed: their caller never released them
+    background_steps: int = 0  # steps that computed work nobody waited for (WorkTag), beside or after live work
+    background_tokens: int = 0  # tokens those steps computed for it
 
 
 @runtime_checkable
@@ -101,8 +125,9 @@ class Engine(Protocol):
         self, prefix: str | Sequence[int], branches: Sequence[BranchParams], tag: object = None
     ) -> list[Branch]:
         """Prefill `prefix` once, then decode one branch per BranchParams in one batch. tag: the
-        client request the call serves (None: untagged): an engine that schedules shares its
-        steps fairly among tags, so a one-item request is not queued behind a big one."""
+        client request the call serves (None: untagged), or a WorkTag naming it: an engine that
+        schedules shares its steps fairly among requests, so a one-item request is not queued
+        behind a big one, and runs work nobody waits for only in its idle time."""
         ...
 
     async def continue_branches(

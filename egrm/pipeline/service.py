@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 
 from egrm.aio import gather_or_cancel, within_deadline
-from egrm.engines.base import Engine
+from egrm.engines.base import Engine, WorkTag
 from egrm.pipeline.judgement import by_equivalence, by_exact, by_verdicts
 from egrm.pipeline.longpath import followup, judge_long, usage_of, verdicts
 from egrm.pipeline.question import QuestionWork, judge_question, question_key
@@ -194,18 +194,24 @@ class RewardPipeline:
         long as the block judges against it; then its branches are released (shared work: once
         nobody uses it and it has left the window)."""
         key = question_key(self.judge_name, prompt_ids, options)
+        questions = self.questions
+        # Shared work may outlive this request (the grace after a deadline): the engine is told
+        # whether anybody still waits for it, and runs it behind live work when nobody does.
+        work_tag = WorkTag(tag, lambda: questions.waited(key)) if questions is not None else tag
 
         def compute() -> Awaitable[QuestionWork]:
-            return judge_question(self.engine, self.scorer, self.checker, key, item.prompt, prompt_ids, options, tag)
+            return judge_question(
+                self.engine, self.scorer, self.checker, key, item.prompt, prompt_ids, options, work_tag
+            )
 
-        if self.questions is None:
+        if questions is None:
             work = await compute()
             try:
                 yield work, Shared.COMPUTED
             finally:
                 self.engine.release(work.handles)
             return
-        async with self.questions.lease(key, compute, deadline_s) as leased:
+        async with questions.lease(key, compute, deadline_s, owner=tag) as leased:
             yield leased
 
     async def _by_reference(self, item: JudgeItem, answers: Sequence[str]) -> ItemResult | None:

@@ -9,8 +9,10 @@ and asks this store for it:
   the others);
 - **grace**: when the last waiter leaves because its deadline passed, the work goes on for
   `grace_s` more, so a trainer's retry of the same query joins it instead of starting over; nobody
-  back by then, it is cancelled. A waiter that goes away otherwise (its client disconnected) leaves
-  nothing running for nobody: with no other waiter, the work is cancelled at once;
+  back by then, it is cancelled. Meanwhile it is background work (`waited` is false): the engine
+  runs it only with what live requests leave of a step, and admission does not count it. A
+  waiter that goes away otherwise (its client disconnected) leaves nothing running for nobody:
+  with no other waiter, the work is cancelled at once;
 - **a bounded window**: finished work is kept, least recently used first out, within `max_entries`,
   `max_bytes` (as `size_of` counts them) and `ttl_s`; a failure, or work `keep` turns down (a
   degraded result), is never kept;
@@ -18,9 +20,10 @@ and asks this store for it:
   window (or never entered it) is handed to `release` once nobody uses it, so what it holds
   outside Python (the engine's KV for its branches) goes back explicitly, not when the garbage
   collector gets to it;
-- **admission**: a request that would start new work is refused (OverloadedError) when the work
-  already running would keep it from finishing before the deadline the request brings plus the
-  grace: egrm never accepts work it expects to throw away.
+- **admission**: a request that would start new work is refused (OverloadedError) when its own
+  work, at its fair share of the engine, would not finish before the deadline the request brings
+  plus the grace: egrm never accepts work it expects to throw away, and one request's backlog
+  never has another refused.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class SharingStats:
     entries: int = 0  # finished works kept (a reading)
     bytes: int = 0  # their size (a reading)
     running: int = 0  # works running (a reading)
+    orphaned: int = 0  # of those, works nobody waits for: in their grace after a deadline (a reading)
+    dropped: int = 0  # works stopped at the end of their grace, nobody back for them
 
 
 class _Window(TTLCache):
@@ -101,6 +106,7 @@ class _Window(TTLCache):
 @dataclass(eq=False, slots=True)
 class _Flight(Generic[V]):
     task: asyncio.Task[V]
+    owner: object = None  # the request that started it (admission shares the engine among requests)
     waiters: int = 0
     grace_until: float | None = None  # the loop time its grace after a deadline ends
     reaper: asyncio.TimerHandle | None = field(default=None, repr=False)
@@ -131,10 +137,14 @@ class SharedWork(Generic[V]):
         self._stats = SharingStats()
 
     async def get(
-        self, key: Hashable, compute: Callable[[], Awaitable[V]], deadline_s: float | None = None
+        self,
+        key: Hashable,
+        compute: Callable[[], Awaitable[V]],
+        deadline_s: float | None = None,
+        owner: object = None,
     ) -> tuple[V, Shared]:
         """The work for key: read from the window, joined while it runs, or started here. A request
-        that brings a deadline is refused new work it would not see finish (OverloadedError)."""
+        (owner) that brings a deadline is refused new work it would not see finish (OverloadedError)."""
         done = self._done.get(key)
         if done is not None:
             self._stats.hits += 1
@@ -142,8 +152,8 @@ class SharedWork(Generic[V]):
         flight = self._flights.get(key)
         how = Shared.JOINED
         if flight is None:
-            self._admit(deadline_s)
-            flight = self._start(key, compute)
+            self._admit(deadline_s, owner)
+            flight = self._start(key, compute, owner)
             how = Shared.COMPUTED
         else:
             self._stats.joins += 1
@@ -164,10 +174,14 @@ class SharedWork(Generic[V]):
 
     @asynccontextmanager
     async def lease(
-        self, key: Hashable, compute: Callable[[], Awaitable[V]], deadline_s: float | None = None
+        self,
+        key: Hashable,
+        compute: Callable[[], Awaitable[V]],
+        deadline_s: float | None = None,
+        owner: object = None,
     ) -> AsyncIterator[tuple[V, Shared]]:
         """get(), with the work in use until the block ends (then released, if it is not kept)."""
-        value, how = await self.get(key, compute, deadline_s)
+        value, how = await self.get(key, compute, deadline_s, owner)
         self._uses[id(value)] += 1
         try:
             yield value, how
@@ -187,6 +201,12 @@ class SharedWork(Generic[V]):
             self._uses.pop(id(value), None)
             self._release(value)
 
+    def waited(self, key: Hashable) -> bool:
+        """Whether a request still waits for the work running for key (False in its grace: work
+        nobody waits for; the engine runs it only in its idle time). Read from the engine's thread."""
+        flight = self._flights.get(key)
+        return flight is None or flight.waiters > 0
+
     def refresh(self, key: Hashable, value: V) -> None:
         """value grew after it was kept (responses' verdicts memoised on it): count its new size."""
         if key in self._done:
@@ -196,14 +216,15 @@ class SharedWork(Generic[V]):
         self._done.expire()
         self._stats.entries, self._stats.bytes = len(self._done), int(self._done.currsize)
         self._stats.running = len(self._flights)
+        self._stats.orphaned = sum(1 for f in self._flights.values() if not f.waiters)
         return self._stats
 
     # --- inside ---------------------------------------------------------------------------
 
-    def _start(self, key: Hashable, compute: Callable[[], Awaitable[V]]) -> _Flight[V]:
+    def _start(self, key: Hashable, compute: Callable[[], Awaitable[V]], owner: object) -> _Flight[V]:
         self._stats.misses += 1
         # The task runs in the starting request's context (its fairness tag in the engine).
-        flight: _Flight[V] = _Flight(asyncio.ensure_future(compute()))
+        flight: _Flight[V] = _Flight(asyncio.ensure_future(compute()), owner)
         if not self._flights:
             self._busy_from = self._clock()
         self._flights[key] = flight
@@ -253,7 +274,8 @@ class SharedWork(Generic[V]):
 
     def _reap(self, key: Hashable, flight: _Flight[V]) -> None:
         """The grace is over and nobody waits: stop the work."""
-        if flight.waiters == 0:
+        if flight.waiters == 0 and not flight.task.done():
+            self._stats.dropped += 1
             flight.task.cancel()
 
     def _busy_clock(self) -> float:
@@ -261,20 +283,27 @@ class SharedWork(Generic[V]):
         running = self._clock() - self._busy_from if self._busy_from is not None else 0.0
         return self._busy_s + running
 
-    def _admit(self, deadline_s: float | None) -> None:
-        """Refuse new work that the running work would keep from finishing before the request's
-        deadline plus the grace (after which nobody would read it)."""
-        if deadline_s is None or len(self._finished) < _MIN_FINISHED or not self._flights:
+    def _admit(self, deadline_s: float | None, owner: object) -> None:
+        """Refuse new work that would not finish before the request's deadline plus the grace
+        (after which nobody would read it). The engine shares its steps fairly among requests, so
+        a request's work waits for its own work ahead of it, at its share of the rate: n works of
+        its own among r requests take about (n + 1) * r / rate. Work nobody waits for does not
+        count (it runs behind every live request), nor does another request's backlog: one
+        request cannot have the others refused."""
+        live = [f for f in self._flights.values() if f.waiters]
+        if deadline_s is None or len(self._finished) < _MIN_FINISHED or not live:
             return
         busy = self._busy_clock() - self._finished[0]
         rate = (len(self._finished) - 1) / max(busy, 1e-3)  # works finished per second of work
-        expected_s = (len(self._flights) + 1) / rate
+        mine = sum(1 for f in live if f.owner is owner)
+        requests = len({id(f.owner) for f in live} | {id(owner)})
+        expected_s = (mine + 1) * requests / rate
         horizon_s = deadline_s + self.limits.grace_s
         if expected_s > horizon_s:
             self._stats.refused += 1
             raise OverloadedError(
-                f"overloaded: {len(self._flights)} questions are being judged, about {expected_s:.0f} s of work "
-                f"at the current {rate:.2f}/s, more than this request's deadline plus EGRM_SHARE_GRACE_S "
-                f"({horizon_s:g} s); retry later",
+                f"overloaded: this request's {mine + 1} questions, sharing the engine with {requests - 1} other "
+                f"requests, would take about {expected_s:.0f} s at the current {rate:.2f} questions/s, more than "
+                f"its deadline plus EGRM_SHARE_GRACE_S ({horizon_s:g} s); retry later",
                 retry_after_s=math.ceil(expected_s - horizon_s),
             )

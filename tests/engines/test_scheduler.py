@@ -1,9 +1,9 @@
 """What a step computes: decodes first, prompt chunks shared among client requests, blocks bounding
 it all; and the scheduler's own update after each step (no model: every drawn token is a 5)."""
 
-from egrm.engines.base import BranchParams, FinishReason
+from egrm.engines.base import BranchParams, FinishReason, WorkTag
 from egrm.engines.embedded.kv_cache import BlockManager
-from egrm.engines.embedded.scheduler import Scheduler, Step
+from egrm.engines.embedded.scheduler import STEP_SHARE, Scheduler, Step
 from egrm.engines.embedded.sequence import Job, Status
 
 ONE = [BranchParams(temperature=0, max_new_tokens=64)]
@@ -121,3 +121,74 @@ def test_a_request_with_nothing_running_may_preempt_a_big_one_that_holds_the_poo
     step = scheduler.plan()
     assert step is not None and more.sequences[0] not in [c.seq for c in step.chunks]
     assert scheduler.preempted == 1
+
+
+class Waited:
+    """A question's work: waited for until its request's deadline passes."""
+
+    def __init__(self) -> None:
+        self.waiters = 1
+
+    def __call__(self) -> bool:
+        return self.waiters > 0
+
+
+def test_work_nobody_waits_for_runs_only_in_steps_with_no_live_work():
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=256)
+    waited = Waited()
+    orphan = job(1000, WorkTag("hostile", waited))
+    scheduler.add(orphan)
+    run(scheduler)  # still waited for: its first chunk
+    waited.waiters = 0  # its request's deadline passed: its grace runs
+    polite = job(300, "polite", params=[BranchParams(temperature=0, max_new_tokens=3)])
+    scheduler.add(polite)
+    steps = []
+    while polite in scheduler.jobs:
+        steps.append(run(scheduler))
+    # The live request's prompt chunks and its decodes (one token a step) run alone.
+    assert all(s.background_tokens == 0 for s in steps) and [c.tokens for c in steps[-1].chunks] == [1]
+    step = run(scheduler)  # idle: the orphan goes on
+    assert [c.seq for c in step.chunks] == [orphan.sequences[0]] and step.background_tokens > 0
+    scheduler.add(job(40, "polite"))  # a live request again: the orphan stops for it
+    assert run(scheduler).background_tokens == 0
+    waited.waiters = 1  # a retry joined it: live again, shared fairly
+    assert orphan.sequences[0] in {c.seq for c in scheduler.schedule()}
+
+
+def test_work_nobody_waits_for_gives_up_its_blocks_first_and_takes_none():
+    blocks = BlockManager(10, prefix_cache=False)  # 160 tokens
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=4096)
+    waited = Waited()
+    orphan = job(120, WorkTag("hostile", waited))  # 8 blocks
+    scheduler.add(orphan)
+    run(scheduler)
+    waited.waiters = 0
+    live = job(60, "polite")  # 4 blocks: only if the orphan gives some back
+    scheduler.add(live)
+    step = run(scheduler)
+    assert [c.seq for c in step.chunks] == [live.sequences[0]]
+    assert orphan.sequences[0].status is Status.WAITING and scheduler.preempted == 1
+    # Back in waiting, it is not admitted while the blocks it needs are held by live work.
+    step = run(scheduler)
+    assert orphan.sequences[0].status is Status.WAITING and step.background_tokens == 0
+
+
+def test_beside_a_small_request_a_big_one_takes_at_most_the_step_share():
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=256, max_batch_tokens=512)
+    big = [job(600, "big") for _ in range(8)]
+    for j in big:
+        scheduler.add(j)
+    alone = scheduler.schedule()  # alone, the big request fills the step
+    assert sum(c.tokens for c in alone) > 300
+    run(scheduler)
+    small = job(40, "small", branches=5, params=[BranchParams(temperature=0, max_new_tokens=8)])
+    scheduler.add(small)
+    steps = []
+    while small in scheduler.jobs:
+        steps.append(run(scheduler))
+    # Each step the small request takes part in: its own work, and at most STEP_SHARE budget units
+    # of the big one's (a few of its prompt tokens), not the rest of the 512.
+    for step in steps:
+        big_tokens = sum(c.tokens for c in step.chunks if c.seq.job.tag == "big")
+        assert 0 < big_tokens <= STEP_SHARE, [(c.seq.job.tag, c.tokens) for c in step.chunks]
+    assert len(steps) <= 10  # its prompt in a step, then its decodes: it is not queued behind the big one

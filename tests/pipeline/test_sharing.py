@@ -221,3 +221,67 @@ def test_new_work_that_could_not_finish_before_the_deadline_is_refused():
     refused, stats, runs = run(go())
     assert refused.retry_after_s == 25 and "deadline" in str(refused) and stats.refused == 1
     assert runs == 1 and stats.misses == 5 + 3 + 2
+
+
+def test_work_nobody_waits_for_is_background_and_does_not_count_at_admission():
+    """A deadline passed: its work runs on for the grace (orphaned, not waited), newcomers are
+    admitted as if it did not run, and the grace's end drops it."""
+
+    async def go():
+        clock = Clock()
+        shared = store(clock, grace_s=0.05)
+        for i in range(5):  # 0.1 works a second
+
+            async def slow() -> str:
+                clock.now += 10
+                return "done"
+
+            await shared.get(f"done{i}", slow)
+        hostile, polite = Work(), Work()
+        tries = [asyncio.ensure_future(shared.get(f"hostile{i}", hostile)) for i in range(3)]
+        await asyncio.sleep(0)
+        assert [shared.waited(f"hostile{i}") for i in range(3)] == [True] * 3
+        for t in tries:
+            t.cancel(DEADLINE)
+        await asyncio.sleep(0)
+        orphaned = shared.stats().orphaned, [shared.waited(f"hostile{i}") for i in range(3)]
+        # Three orphaned works would be 40 s ahead of it at 0.1/s: not counted, it is admitted.
+        admitted = asyncio.ensure_future(shared.get("polite", polite, deadline_s=5))
+        await asyncio.sleep(0.1)  # past the grace
+        stats = shared.stats()
+        polite.release.set()
+        return orphaned, await admitted, stats
+
+    (orphaned, waited), (value, how), stats = run(go())
+    assert orphaned == 3 and waited == [False] * 3
+    assert (value, how) == ("work #1", Shared.COMPUTED) and stats.refused == 0
+    assert stats.dropped == 3 and stats.orphaned == 0
+
+
+def test_admission_counts_a_requests_own_work_at_its_share_so_one_cannot_have_others_refused():
+    async def go():
+        clock = Clock()
+        shared = store(clock, grace_s=10)
+        for i in range(5):  # 0.1 works a second
+
+            async def slow() -> str:
+                clock.now += 10
+                return "done"
+
+            await shared.get(f"done{i}", slow)
+        big, small = object(), object()
+        running = [asyncio.ensure_future(shared.get(f"big{i}", Work(), 60, owner=big)) for i in range(3)]
+        await asyncio.sleep(0)
+        # The small request's one question, at half the engine: 20 s, within 60 + 10.
+        taken = asyncio.ensure_future(shared.get("small", Work(), 60, owner=small))
+        await asyncio.sleep(0)
+        with pytest.raises(OverloadedError):  # the big one's 4th at half the engine: 80 s > 70
+            await shared.get("big3", Work(), 60, owner=big)
+        small_running = not taken.done()  # admitted, and waiting for its work
+        for t in (*running, taken):
+            t.cancel()
+        await asyncio.gather(*running, taken, return_exceptions=True)
+        return small_running, shared.stats()
+
+    small_was_running, stats = run(go())
+    assert small_was_running and stats.refused == 1 and stats.misses == 5 + 3 + 1

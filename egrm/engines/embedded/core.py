@@ -108,4 +108,7 @@ class EngineCore:
             self.runner.fork(leader, followers, copies)
         self.stats.batches += 1
         self.stats.decode_steps += out.decoded
+        background = plan.background_tokens
+        self.stats.background_steps += background > 0
+        self.stats.background_tokens += background
         return out.finished

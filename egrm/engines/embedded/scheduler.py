@@ -5,7 +5,7 @@ A step is planned here (plan), run by the model runner, and its drawn tokens com
 this file, the home of the sequences' lifecycle (nano-vllm's Scheduler.schedule / postprocess).
 
 Planning: decodes first, then prompt chunks shared among client requests, within a token budget and
-the KV pool's free blocks.
+the KV pool's free blocks; work nobody waits for any more only when no live work is to be done.
 
 - Decodes: every running sequence whose last sampled token is not computed yet gets one token.
   When the pool has no block left, a finished branch that is only held (the long path might
@@ -25,13 +25,13 @@ the KV pool's free blocks.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
-from egrm.engines.base import FinishReason
+from egrm.engines.base import FinishReason, is_background, request_of
 from egrm.engines.embedded.attention import FEW_QUERIES
 from egrm.engines.embedded.kv_cache import BlockManager
 from egrm.engines.embedded.sequence import Job, Sequence, Status
@@ -45,6 +45,10 @@ MIN_CHUNK = 128
 # as 1,000 prompt tokens over a short context); a prompt chunk goes to SDPA's flash kernel, eight
 # times cheaper per key.
 ATTENTION_KEYS = 256
+# A request's share of a step while another request has live work is at least this many budget
+# units (a decode step costs about as much time here as 50 prompt tokens: its pass over the weights),
+# so a big request keeps moving beside small ones at most doubling their steps.
+STEP_SHARE = 48.0
 
 
 def _cost(seq: Sequence, tokens: int) -> float:
@@ -54,7 +58,13 @@ def _cost(seq: Sequence, tokens: int) -> float:
 
 
 def _tag(seq: Sequence) -> Any:
-    return seq.job.tag if seq.job is not None else None
+    """The client request seq serves: the unit the step is shared fairly among."""
+    return request_of(seq.job.tag) if seq.job is not None else None
+
+
+def _live(seq: Sequence) -> bool:
+    """Whether somebody still waits for seq's work (else it is background work)."""
+    return seq.job is None or not is_background(seq.job.tag)
 
 
 @dataclass(slots=True)
@@ -65,6 +75,11 @@ class Step:
     chunks: list[Chunk]
     drawing: list[Sequence] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+
+    @property
+    def background_tokens(self) -> int:
+        """Tokens computed for work nobody waits for."""
+        return sum(c.tokens for c in self.chunks if not _live(c.seq))
 
 
 @dataclass(slots=True)
@@ -123,7 +138,7 @@ class Scheduler:
         sequences of a continuation (each has taken its branch's KV, see inherit)."""
         self.jobs.append(job)
         queued = job.sequences if job.forked else job.sequences[:1]
-        self.waiting.setdefault(job.tag, deque()).extend(queued)
+        self.waiting.setdefault(request_of(job.tag), deque()).extend(queued)
 
     def inherit(self, seq: Sequence) -> list[tuple[int, int]] | None:
         """A continuation's sequence takes the KV its branch still holds, as a fork's followers do:
@@ -209,68 +224,123 @@ class Scheduler:
         return None
 
     def schedule(self) -> list[Chunk]:
+        """Live work: its decodes, then its prompt chunks, each request's share of the step bounded
+        by what the smallest one needs (see _share_cap). Work nobody waits for (a question's work
+        in its grace after a deadline) runs only in a step with no live work, in the blocks that
+        are free: beside a live request's decode it would make each of that request's steps as
+        long as a full prompt chunk."""
         plan: dict[int, Chunk] = {}
         budget = float(self.max_batch_tokens)
-        # Decodes, requests running fewer sequences first (a one-item request is not behind every
-        # branch of a big one), oldest first among equals.
+        cap, used = self._share_cap(), defaultdict[Any, float](float)
+        budget = self._plan_decodes(plan, budget, True, cap, used)
+        budget = self._plan_prefills(plan, budget, True, cap, used)
+        if not plan:
+            budget = self._plan_decodes(plan, budget, False, None, used)
+            self._plan_prefills(plan, budget, False, None, used)
+        return [c for c in plan.values() if c.tokens]
+
+    def _share_cap(self) -> float | None:
+        """The most budget units one request may take of a step while others have live work: what
+        the smallest live request needs this step (its decodes, or its next prompt chunk), and at
+        least STEP_SHARE. A step costs about a weights pass plus its tokens, so a one-item request
+        beside a big one keeps steps near its own size: its latency is a few steps of its own, not
+        a few of the big one's (which would fill every step it shares). None with one request."""
+        need: dict[Any, float] = {}
+        for seq in self.running:
+            if _live(seq) and seq.status is Status.RUNNING and seq.uncomputed == 1:
+                need[_tag(seq)] = need.get(_tag(seq), 0.0) + _cost(seq, 1)
+            elif _live(seq) and seq.uncomputed > 1:
+                n = min(seq.uncomputed, MIN_CHUNK)
+                need[_tag(seq)] = need.get(_tag(seq), 0.0) + n * _cost(seq, n)
+        for tag, queue in self.waiting.items():
+            first = next((s for s in queue if _live(s)), None)
+            if first is not None and tag not in need:
+                n = min(first.uncomputed, MIN_CHUNK)
+                need[tag] = n * _cost(first, n)
+        return max(STEP_SHARE, min(need.values())) if len(need) > 1 else None
+
+    def _plan_decodes(
+        self, plan: dict[int, Chunk], budget: float, live: bool, cap: float | None, used: defaultdict[Any, float]
+    ) -> float:
+        """Decodes, requests running fewer sequences first (a one-item request is not behind every
+        branch of a big one), oldest first among equals; a request past its share (cap) decodes one
+        branch this step."""
         load = Counter(_tag(s) for s in self.running)
-        decodes = [s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1]
+        decodes = [s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1 and _live(s) == live]
         for seq in sorted(decodes, key=lambda s: load[_tag(s)]):
-            cost = _cost(seq, 1)
+            cost, tag = _cost(seq, 1), _tag(seq)
             if plan and cost > budget:
                 break
+            if cap is not None and used[tag] and used[tag] + cost > cap:
+                continue
             if seq.status is Status.RUNNING and self._room_for(seq, seq.computed + 1, plan):
                 plan[seq.id] = Chunk(seq, 1)
                 budget -= cost
+                used[tag] += cost
+        return budget
+
+    def _plan_prefills(
+        self, plan: dict[int, Chunk], budget: float, live: bool, cap: float | None, used: defaultdict[Any, float]
+    ) -> float:
+        """Prompt chunks: what is left of the budget, shared round-robin among requests, each
+        within its share (cap)."""
         progress = True
         while budget >= 1 and progress:
-            tags = self._tags_with_prefill(plan)
+            tags = self._tags_with_prefill(plan, live)
             share, progress = max(MIN_CHUNK, budget / max(1, len(tags))), False
             for tag in tags:
-                nxt = self._next_prefill(tag, plan)
+                mine = share if cap is None else min(share, cap - used[tag])
+                if mine < 1 and used[tag]:
+                    continue
+                nxt = self._next_prefill(tag, plan, live)
                 if nxt is None:
                     continue
                 chunk = plan.setdefault(nxt.id, Chunk(nxt, 0))
                 left = nxt.uncomputed - chunk.tokens
-                per_token = _cost(nxt, chunk.tokens + min(left, int(share)))  # its context decides
-                n = max(1, min(left, int(min(share, budget) / per_token)))
+                per_token = _cost(nxt, chunk.tokens + min(left, int(mine)))  # its context decides
+                n = max(1, min(left, int(min(mine, budget) / per_token)))
                 chunk.tokens += n
                 budget -= n * per_token
+                used[tag] += n * per_token
                 progress = True
                 if budget < 1:
                     break
-        return [c for c in plan.values() if c.tokens]
+        return budget
 
-    def _tags_with_prefill(self, plan: dict[int, Chunk]) -> list[Any]:
-        """Requests with prompt tokens to compute, in turn: those already computing a prompt, then
-        those waiting, in order of arrival."""
-        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan)]
-        return list(dict.fromkeys(going + [tag for tag, queue in self.waiting.items() if queue]))
+    def _tags_with_prefill(self, plan: dict[int, Chunk], live: bool) -> list[Any]:
+        """Requests with prompt tokens to compute (live ones, or background ones), in turn: those
+        already computing a prompt, then those waiting, in order of arrival."""
+        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan) and _live(s) == live]
+        waiting = [tag for tag, queue in self.waiting.items() if any(_live(s) == live for s in queue)]
+        return list(dict.fromkeys(going + waiting))
 
     @staticmethod
     def _left(seq: Sequence, plan: dict[int, Chunk]) -> int:
         chunk = plan.get(seq.id)
         return seq.uncomputed - (chunk.tokens if chunk else 0)
 
-    def _next_prefill(self, tag: Any, plan: dict[int, Chunk]) -> Sequence | None:
-        """The tag's oldest admitted prompt with tokens left this step, else its next waiting one."""
+    def _next_prefill(self, tag: Any, plan: dict[int, Chunk], live: bool) -> Sequence | None:
+        """The request's oldest admitted prompt with tokens left this step, else its next waiting one."""
         for seq in self.running:
-            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan):
+            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan) and _live(seq) == live:
                 return seq
         queue = self.waiting.get(tag)
-        if not queue:
+        waiting = next((s for s in queue or () if _live(s) == live), None)
+        if queue is None or waiting is None:
             return None
-        if not self._admit(queue[0]) and not self._admit_starved(queue[0], plan):
+        admitted = self._admit(waiting) if live else self._admit(waiting, drop_held=False)
+        if not admitted and not (live and self._admit_starved(waiting, plan)):
             return None
-        seq = queue.popleft()
+        queue.remove(waiting)
         if not queue:
             del self.waiting[tag]  # a tag is a client request: there are always new ones
-        return seq
+        return waiting
 
     # --- blocks ---------------------------------------------------------------------------
 
-    def _admit(self, seq: Sequence) -> bool:
-        """Give a waiting sequence blocks for all its tokens (and its job's fork spares), if free."""
+    def _admit(self, seq: Sequence, drop_held: bool = True) -> bool:
+        """Give a waiting sequence blocks for all its tokens (and its job's fork spares), if free
+        (drop_held: or freed by dropping held branches' KV; not for background work)."""
         job = seq.job
         assert job is not None
         followers = job.sequences[1:] if not job.forked else []
@@ -279,7 +349,7 @@ class Scheduler:
         reused = not seq.blocks
         self.blocks.reuse_prefix(seq)
         need = self.blocks.needed(seq, len(seq.tokens)) + sum(1 for f in followers if not f.blocks)
-        if not self._free_up(need):
+        if not (self._free_up(need) if drop_held else self.blocks.free >= need):
             if reused:
                 self.blocks.release(seq)  # the prefix it took goes back, still keyed
             return False
@@ -302,9 +372,9 @@ class Scheduler:
         running = Counter(_tag(s) for s in self.running)
         if running[tag]:
             return False
-        for victim in reversed(list(self.running)):
+        for victim in self._victims():
             other = _tag(victim)
-            if running[other] < 2:  # a request keeps its last sequence: no two requests take turns
+            if _live(victim) and running[other] < 2:  # a request keeps its last sequence: no two take turns
                 continue
             running[other] -= 1
             plan.pop(victim.id, None)
@@ -314,16 +384,25 @@ class Scheduler:
         return False
 
     def _room_for(self, seq: Sequence, tokens: int, plan: dict[int, Chunk]) -> bool:
-        """Make sure seq can hold `tokens` tokens, preempting the youngest sequences not in this
-        step's plan if need be; False when seq itself had to be preempted."""
+        """Make sure seq can hold `tokens` tokens, preempting sequences not in this step's plan if
+        need be (background ones first, then the youngest); False when seq itself had to be
+        preempted, or is background work and no block is free."""
         need = self.blocks.needed(seq, tokens)
+        if not _live(seq) and self.blocks.free < need:
+            return False  # it waits for idle blocks: it takes none from anyone
         while not self._free_up(need):
-            victim = next(s for s in reversed(self.running) if s.id not in plan)
+            victim = next(s for s in self._victims() if s.id not in plan)
             self._preempt(victim)
             if victim is seq:
                 return False
         self.blocks.allocate(seq, tokens)
         return True
+
+    def _victims(self) -> list[Sequence]:
+        """Running sequences in the order they give up their blocks: work nobody waits for first,
+        then the youngest admitted (so the oldest finish)."""
+        young_first = list(reversed(self.running))
+        return [s for s in young_first if not _live(s)] + [s for s in young_first if _live(s)]
 
     def _free_up(self, blocks: int) -> bool:
         """Drop held branches' KV, least recently finished first, until `blocks` are free."""
@@ -342,7 +421,7 @@ class Scheduler:
             for follower in job.sequences[1:]:
                 self.blocks.release(follower)
         seq.status = Status.WAITING
-        self.waiting.setdefault(job.tag, deque()).appendleft(seq)
+        self.waiting.setdefault(request_of(job.tag), deque()).appendleft(seq)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -380,7 +459,8 @@ class Scheduler:
         if job not in self.jobs:
             return
         self.jobs.remove(job)
-        queue = self.waiting.get(job.tag)
+        tag = request_of(job.tag)
+        queue = self.waiting.get(tag)
         for seq in job.sequences:
             if queue is not None and seq in queue:
                 queue.remove(seq)
@@ -389,5 +469,5 @@ class Scheduler:
             seq.status = Status.FINISHED
             self.blocks.release(seq)  # nobody holds a handle to it yet
         if queue is not None and not queue:
-            del self.waiting[job.tag]
+            del self.waiting[tag]
         job.detach()
