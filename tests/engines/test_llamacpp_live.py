@@ -71,7 +71,8 @@ def test_rewards_on_the_short_and_the_long_path(egrm):
 def test_the_openai_engine_against_a_real_openai_compatible_server(llama, base_model_path):
     """llama-server's /v1 is an OpenAI-compatible server: the `openai` engine meets a real one here
     (standard fields only; answers read from free text)."""
-    settings = Settings(model=str(base_model_path), engine="openai", openai_url=f"{llama}/v1")
+    # Question sharing off: the repeated request goes to the server again, not to egrm's window.
+    settings = Settings(model=str(base_model_path), engine="openai", openai_url=f"{llama}/v1", share_questions=False)
     with serve(create_app(settings)) as url:
         first = rewards(url, [RIGHT, WRONG], path="short", seed=5)
         again = rewards(url, [RIGHT, WRONG], path="short", seed=5)
@@ -94,11 +95,17 @@ def test_chat_completions_through_egrm(egrm):
     assert body["usage"]["prompt_tokens"] > 0 and body["model"] == ALIAS
 
 
-def test_seeds_reproduce_and_differ(egrm):
-    one = rewards(egrm, [RIGHT], path="short", seed=11, return_samples=True).json()["results"][0]
-    again = rewards(egrm, [RIGHT], path="short", seed=11, return_samples=True).json()["results"][0]
-    assert one["samples"] == again["samples"] and one["reward"] == again["reward"]
+def test_seeds_reproduce_and_differ(llama, base_model_path):
+    """Question sharing off, so that every request samples anew on the server."""
+    settings = Settings(model=str(base_model_path), engine="llamacpp", llamacpp_url=llama, share_questions=False)
+    with serve(create_app(settings)) as url:
+        one = rewards(url, [RIGHT], path="short", seed=11, return_samples=True).json()["results"][0]
+        again = rewards(url, [RIGHT], path="short", seed=11, return_samples=True).json()["results"][0]
+        hard = [{"prompt": "What is 47 * 38?", "response": "1786"}]  # where the judge's samples scatter
+        seeds = [rewards(url, hard, path="short", seed=s, return_samples=True).json() for s in (11, 12, 13, 14)]
+    assert one["samples"] == again["samples"] and one["reward"] == again["reward"] and again["shared"] is None
     assert len(one["samples"]) == 5
+    assert len({str(s["results"][0]["samples"]) for s in seeds}) > 1
 
 
 def test_a_repeated_prompt_is_served_from_the_servers_cache(llama, tok):
