@@ -132,6 +132,7 @@ def vllm_server(
     served_name: str = "",
     dtype: str = "bfloat16",
     kv_cache_gib: int = 2,
+    eager: bool = False,
     args: Sequence[str] = (),
     ready_timeout_s: float = 300,
 ) -> Iterator[subprocess.Popen]:
@@ -141,7 +142,8 @@ def vllm_server(
     The flags are the ones measured on these machines (docs/engines.md, "vLLM"): 32-token KV blocks
     (CPU needs a multiple of 32; only full blocks are prefix-cached), prompts prefilled whole, the
     cached prompt tokens in each answer's usage, no sampling defaults from generation_config.json,
-    no access log line per call. Dev mode serves
+    no access log line per call. eager: no torch.compile warm-up (ready in about 30 s here instead
+    of 115-140 s; the tests' choice, not the benchmarks'). Dev mode serves
     POST /reset_prefix_cache, which benchmarks use to start each contender on a cold cache."""
     log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
     command = [
@@ -155,6 +157,7 @@ def vllm_server(
         *("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"),
         *("--enable-prompt-tokens-details", "--disable-uvicorn-access-log"),
         *(("--served-model-name", served_name) if served_name else ()),
+        *(("--enforce-eager",) if eager else ()),
         *args,
     ]
     env = {
