@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install model gemma llama-server llama-judge vllm serve test lint typecheck bench bench-peers bench-remote loadtest soak clean
+.PHONY: install model gemma llama-server llama-judge vllm redis serve test lint typecheck bench bench-peers bench-remote loadtest soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ llama-judge: model llama-server  ## the judge egrm serves as one f32 GGUF, for l
 vllm:  ## vLLM's CPU build in a venv of its own in the user cache, once (about 3 min, 3.5 GB; idempotent)
 	deploy/vllm/install.sh $(PYTHON)
 
+# Root installs as itself; anyone else through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+redis:  ## Debian's redis-server, for the tests of the replicas' shared store (once; idempotent)
+	command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
+
 serve: model  ## run the service on the embedded default model
 	$(BIN)/egrm serve --host $(HOST) --port $(PORT)
 
@@ -43,7 +50,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy egrm
 
-test: model gemma llama-judge vllm lint typecheck  ## everything CI runs (the live tests need llama-server and vLLM)
+test: model gemma llama-judge vllm redis lint typecheck  ## everything CI runs (the live tests need llama-server, vLLM, Redis)
 	$(BIN)/pytest
 
 bench: model  ## every benchmark, one JSON line each

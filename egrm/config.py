@@ -158,6 +158,17 @@ class Settings(BaseSettings):
         description="How long a question's work goes on once no request waits for it (a deadline passed, a client "
         "left), so that a retry of the same query joins it instead of starting over.",
     )
+    share_url: str | None = Field(
+        None,
+        description="redis://host:6379/0: the replicas share question work through this Redis (each question "
+        "judged once per cluster, egrm/pipeline/cluster.py); unset: this process's window alone.",
+    )
+    share_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="How long a question's lock in Redis outlives a replica that died computing it (renewed while "
+        "the work runs): another replica takes the question over after at most this long.",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="Bearer keys; empty = no authentication. Env: a comma-separated list or a JSON array.",

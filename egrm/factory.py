@@ -13,6 +13,7 @@ from pathlib import Path
 from egrm.config import Settings
 from egrm.engines.base import Engine
 from egrm.engines.chat_templates import template_text
+from egrm.pipeline.cluster import ClusterLimits
 from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.service import RewardPipeline
@@ -159,10 +160,29 @@ def routing_policy(settings: Settings) -> RoutingPolicy | None:
     return policy
 
 
+def cluster_limits(settings: Settings) -> ClusterLimits | None:
+    """The replicas' shared store (EGRM_SHARE_URL), where question work is shared at all."""
+    if settings.share_url is None or not settings.share_questions:
+        return None
+    return ClusterLimits(
+        url=settings.share_url,
+        ttl_s=settings.share_ttl_s,
+        max_bytes=int(settings.share_max_mb * 2**20),
+        lease_s=settings.share_lease_s,
+    )
+
+
 def build_pipeline(settings: Settings, engine: Engine, scorer: Scorer) -> RewardPipeline:
     """The pipeline over an engine and a scorer: math-verify's checker, sharing as the settings
-    say, and the judge's routing policy."""
-    return RewardPipeline(engine, scorer, sharing=sharing_limits(settings), policy=routing_policy(settings))
+    say (across replicas through Redis where EGRM_SHARE_URL names one), and the judge's routing
+    policy."""
+    return RewardPipeline(
+        engine,
+        scorer,
+        sharing=sharing_limits(settings),
+        policy=routing_policy(settings),
+        cluster=cluster_limits(settings),
+    )
 
 
 @asynccontextmanager

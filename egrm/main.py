@@ -48,6 +48,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
             app.state.metrics.watch_engine(pipeline.engine.stats)
             if pipeline.questions is not None:
                 app.state.metrics.watch_sharing(pipeline.questions.stats)
+            if pipeline.cluster is not None:
+                app.state.metrics.watch_cluster(pipeline.cluster.stats)
             app.state.readiness = ReadinessMonitor(pipeline.engine, pipeline.scorer)
             await app.state.readiness.start()
             try:

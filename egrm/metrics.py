@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from egrm.engines.base import EngineStats
 from egrm.gpu_monitor import GpuReading
+from egrm.pipeline.cluster import ClusterStats
 from egrm.pipeline.sharing import SharingStats
 
 __all__ = ["CONTENT_TYPE", "Metrics", "WorkerMetrics"]
@@ -74,6 +75,10 @@ class Metrics:
     def watch_sharing(self, stats: Callable[[], SharingStats]) -> None:
         """Read the shared question store's counters at every scrape."""
         self.registry.register(_SharingCollector(stats))
+
+    def watch_cluster(self, stats: Callable[[], ClusterStats]) -> None:
+        """Read the replicas' Redis store's counters at every scrape."""
+        self.registry.register(_ClusterCollector(stats))
 
     def watch_gpus(self, latest: Callable[[], list[GpuReading]]) -> None:
         """Export the GPU monitor's latest reading at every scrape (the monitor's thread calls NVML)."""
@@ -206,6 +211,38 @@ class _SharingCollector(Collector):
         yield GaugeMetricFamily("egrm_shared_questions_entries", "Finished question work kept.", value=s.entries)
         yield GaugeMetricFamily("egrm_shared_questions_bytes", "Size of the question work kept.", value=s.bytes)
         yield GaugeMetricFamily("egrm_shared_questions_running", "Question work running.", value=s.running)
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, stats: Callable[[], ClusterStats]):
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._stats()
+        outcomes = CounterMetricFamily(
+            "egrm_shared_store",
+            "Question work this replica's window did not hold, by how the replicas' Redis store gave it: hit "
+            "(finished work read), wait (another replica's work awaited), computed (here, under the question's "
+            "lock), takeover (of computed: the lock taken after waiting, its holder gone), local (Redis did not "
+            "answer: computed here alone).",
+            labels=["outcome"],
+        )
+        for outcome, value in (
+            ("hit", s.hits),
+            ("wait", s.waits),
+            ("computed", s.computed),
+            ("takeover", s.takeovers),
+            ("local", s.local),
+        ):
+            outcomes.add_metric([outcome], value)
+        yield outcomes
+        yield CounterMetricFamily("egrm_shared_store_calls", "Redis calls made (the store's traffic).", value=s.calls)
+        yield CounterMetricFamily("egrm_shared_store_errors", "Redis calls that failed.", value=s.errors)
+        yield GaugeMetricFamily(
+            "egrm_shared_store_degraded",
+            "1 while Redis fails: this replica judges on its own (EGRM_SHARE_URL).",
+            value=float(s.degraded),
+        )
 
 
 class _GpuCollector(Collector):

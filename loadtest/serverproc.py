@@ -1,5 +1,5 @@
-"""Start `egrm serve`, `egrm scorer`, llama.cpp's `llama-server` or a vLLM server as a real process on
-a loopback port (benchmarks and tests)."""
+"""Start `egrm serve`, `egrm scorer`, llama.cpp's `llama-server`, a vLLM server or a Redis server as
+a real process on a loopback port (benchmarks and tests)."""
 
 from __future__ import annotations
 
@@ -112,6 +112,33 @@ def llama_server(
 
 
 # Keep in step with deploy/vllm/install.sh (`make vllm` installs it into the user cache).
+@contextmanager
+def redis_server(port: int | None = None, maxmemory_mb: int = 64) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Yield (redis:// URL, process) of a redis-server (Debian's, `make redis`) on 127.0.0.1:port,
+    in memory only, bounded as the deployments bound it (maxmemory, allkeys-lru); stopped on exit.
+    A given port lets a test start it again where its clients expect it."""
+    port = port or free_port()
+    command = [
+        "redis-server",
+        *("--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"),
+        *("--maxmemory", f"{maxmemory_mb}mb", "--maxmemory-policy", "allkeys-lru"),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not answer on port {port} (exit code {proc.poll()})")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0", proc
+    finally:
+        _stop(proc)
+
+
 VLLM_VERSION = "0.32.0"
 
 

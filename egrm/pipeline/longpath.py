@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from egrm.aio import gather_or_cancel
 from egrm.engines.base import Branch, BranchParams, Engine, FinishReason
 from egrm.pipeline.judgement import by_equivalence, by_verdicts, vote_weights, weighted_vote
 from egrm.pipeline.scorer import Candidate, Scorer
@@ -57,12 +58,26 @@ def followup(engine: Engine, item: JudgeItem, response: str) -> list[int]:
     return engine.encode_chat(JUDGE.conversation(item, "", response), after=JUDGE.OWN_ANSWER)
 
 
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """The handle of a branch computed on another replica (read from the cluster's store): its
+    whole context as token ids, the prompt's and its own. This engine holds no cache for it, so
+    continuing it prefills them (where the engine's prefix cache does not hold them already)."""
+
+    ids: tuple[int, ...]
+
+
 async def verdicts(engine: Engine, ids: Sequence[int], branches: Sequence[Branch], tag: object = None) -> list[Branch]:
     """Each branch's Yes/No verdict after the follow-up `ids`: greedy, constrained to the two.
     Continuing leaves the branches as they were, for the next response's follow-up; a verdict is
     never continued, so its own branch is released at once."""
     params = BranchParams(temperature=0.0, max_new_tokens=4, allowed=JUDGE.verdicts)
-    said = await engine.continue_branches([b.handle for b in branches], ids, [params] * len(branches), tag)
+    handles = [b.handle for b in branches]
+    if all(isinstance(h, Replayed) for h in handles):
+        calls = [engine.sample([*h.ids, *ids], [params], tag) for h in handles]
+        said = [branch for (branch,) in await gather_or_cancel(calls)]
+    else:
+        said = await engine.continue_branches(handles, ids, [params] * len(branches), tag)
     engine.release([v.handle for v in said])
     return said
 

@@ -15,14 +15,26 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic import TypeAdapter
 
 from egrm.engines.base import Branch, BranchParams, Engine
 from egrm.pipeline.consensus import Tally, choose_route, tally
-from egrm.pipeline.longpath import Reasoned, reason_and_score, usage_of
+from egrm.pipeline.longpath import Reasoned, Replayed, reason_and_score, usage_of
 from egrm.pipeline.routing import Signals
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.templates import JUDGE
-from egrm.pipeline.types import ConsensusMode, ExactConsensus, Judgement, JudgeOptions, PathMode, Route, Usage
+from egrm.pipeline.types import (
+    ConsensusMode,
+    ExactConsensus,
+    Judgement,
+    JudgeOptions,
+    PathMode,
+    Route,
+    Shared,
+    Usage,
+)
 from egrm.pipeline.verifier import AnswerChecker
 
 # What a token id held in a list costs in Python: a pointer, and an int object above 256.
@@ -53,6 +65,9 @@ class QuestionWork:
     # A response's judgement that needed the judge's Yes/No follow-up, by (which judgement,
     # response): the same response gets the same verdict, whatever else ran beside it.
     followups: dict[tuple[str, str], tuple[Judgement, list[str | None], Usage]] = field(default_factory=dict)
+    # How this replica got it: computed here, or read from the cluster's store (cluster.py): CACHED
+    # finished there before it was asked for, JOINED finished by another replica while this waited.
+    origin: Shared = Shared.COMPUTED
 
     @property
     def degraded(self) -> bool:
@@ -98,6 +113,48 @@ class QuestionWork:
         tokens = sum(b.prompt_tokens + 2 * b.completion_tokens for b in branches)
         texts = sum(len(b.text) for b in branches) + sum(len(r) for _, r in self.followups)
         return 1024 + tokens * _BYTES_PER_TOKEN + 2 * texts + 512 * len(self.followups)
+
+
+_WIRE = TypeAdapter(QuestionWork)
+# Not stored: the key (the store's name for it), how a replica got it, the engine's handles
+# (another replica rebuilds them from the token ids: restored()) and the memoised follow-ups
+# (each replica's own, per response).
+_NOT_STORED: dict[str, Any] = {
+    "key": True,
+    "origin": True,
+    "followups": True,
+    "branches": {"__all__": {"handle"}},
+    "reasoned": {"reasoning": {"__all__": {"handle"}}},
+}
+
+
+def stored(work: QuestionWork) -> bytes:
+    """The work as the cluster's store keeps it (JSON)."""
+    return _WIRE.dump_json(work, exclude=_NOT_STORED)
+
+
+def restored(
+    data: bytes, key: bytes, prompt_ids: Sequence[int], cue_ids: Sequence[int], origin: Shared
+) -> QuestionWork:
+    """Work another replica stored, as this one judges against it: each branch's handle is its
+    context as token ids (what that replica's engine held it by: the prompt, a sample's tokens,
+    the reasoning cue, the reasoning's tokens), so a response's Yes/No follow-up can continue it."""
+    work = _WIRE.validate_python({**json.loads(data), "key": key})
+    prompt = tuple(prompt_ids)
+    for branch in work.branches:
+        branch.handle = Replayed((*prompt, *branch.token_ids))
+    if work.reasoned is not None:
+        for sample, reasoning in zip(work.samples, work.reasoned.reasoning, strict=True):
+            reasoning.handle = Replayed((*prompt, *sample.token_ids, *cue_ids, *reasoning.token_ids))
+    work.origin = origin
+    return work
+
+
+def derived_seed(key: bytes) -> int:
+    """A question's seed when the request brings none: the same samples wherever and whenever its
+    work is computed (any replica, after a restart, with Redis gone), so equal answers get one
+    reward. 30 bits: seed + 1000 + i (the reasoning's) still fits every engine's 32-bit seed."""
+    return int.from_bytes(key[:4], "little") & 0x3FFF_FFFF
 
 
 def question_key(model: str, prompt_ids: Sequence[int], options: JudgeOptions) -> bytes:

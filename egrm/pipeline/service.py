@@ -11,9 +11,10 @@ from dataclasses import replace
 
 from egrm.aio import gather_or_cancel, within_deadline
 from egrm.engines.base import Engine, WorkTag
+from egrm.pipeline.cluster import ClusterLimits, ClusterStore
 from egrm.pipeline.judgement import by_equivalence, by_exact, by_verdicts
 from egrm.pipeline.longpath import followup, judge_long, usage_of, verdicts
-from egrm.pipeline.question import QuestionWork, judge_question, question_key
+from egrm.pipeline.question import QuestionWork, derived_seed, judge_question, question_key, restored, stored
 from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.scorer import Scorer
 from egrm.pipeline.sharing import SharedWork, SharingLimits
@@ -59,11 +60,14 @@ class RewardPipeline:
         checker: AnswerChecker | None = None,
         sharing: SharingLimits | None = None,
         policy: RoutingPolicy | None = None,
+        cluster: ClusterLimits | None = None,
     ):
         """checker: how answers are compared; by default math-verify in a worker process of its own
         (started on first use, stopped by close()). sharing: keep each question's work for every
         response to it, across requests (sharing.py); None: each item computes its own. policy: the
-        judge's routing policy (routing.py), which the service's requests route by; None: tau."""
+        judge's routing policy (routing.py), which the service's requests route by; None: tau.
+        cluster: with sharing, the Redis store the replicas share question work through
+        (cluster.py); None: this process's window alone."""
         self.engine = engine
         # The judge's name in question keys, read once: a remote engine learns its server's own
         # name for the model on its first call, and a key that changed then would split the work
@@ -81,10 +85,16 @@ class RewardPipeline:
                 keep=lambda w: not w.degraded,
                 release=lambda w: engine.release(w.handles),
             )
+        self.cluster: ClusterStore[QuestionWork] | None = None
+        if sharing is not None and cluster is not None:
+            self.cluster = ClusterStore(cluster, encode=stored, keep=lambda w: not w.degraded)
 
     async def close(self) -> None:
-        """Stops the answer checker (the engine and the scorer belong to whoever built them)."""
+        """Stops the answer checker and the store's client (the engine and the scorer belong to
+        whoever built them)."""
         await self.checker.close()
+        if self.cluster is not None:
+            await self.cluster.close()
 
     async def score(
         self,
@@ -171,6 +181,7 @@ class RewardPipeline:
                 # Pairwise: both responses against the same work, so their order cannot matter.
                 runs = await gather_or_cancel([self.judge(work, item, r, options, tag) for r in answers])
             result = merged(runs)
+            shared = work.origin if shared is Shared.COMPUTED else shared  # another replica's work
             if shared is Shared.COMPUTED:
                 result.usage.add(work.usage)  # the work was this item's: its tokens count here
             else:
@@ -194,15 +205,29 @@ class RewardPipeline:
         long as the block judges against it; then its branches are released (shared work: once
         nobody uses it and it has left the window)."""
         key = question_key(self.judge_name, prompt_ids, options)
-        questions = self.questions
+        questions, cluster = self.questions, self.cluster
+        if questions is not None and options.seed is None:
+            # The same samples wherever and whenever the question is judged (derived_seed).
+            options = replace(options, seed=derived_seed(key))
         # Shared work may outlive this request (the grace after a deadline): the engine is told
         # whether anybody still waits for it, and runs it behind live work when nobody does.
         work_tag = WorkTag(tag, lambda: questions.waited(key)) if questions is not None else tag
 
-        def compute() -> Awaitable[QuestionWork]:
+        def judged_here() -> Awaitable[QuestionWork]:
             return judge_question(
                 self.engine, self.scorer, self.checker, key, item.prompt, prompt_ids, options, work_tag
             )
+
+        async def judged_once() -> QuestionWork:
+            """Across replicas: read, awaited, or judged here under the question's lock."""
+            assert cluster is not None
+            cue_ids = self.engine.encode(JUDGE.reasoning_cue)
+            work, _ = await cluster.get(
+                key, judged_here, lambda data, how: restored(data, key, prompt_ids, cue_ids, how)
+            )
+            return work
+
+        compute = judged_here if cluster is None else judged_once
 
         if questions is None:
             work = await compute()

@@ -1,0 +1,234 @@
+"""Question work shared by egrm's replicas through Redis: each question judged once per cluster.
+
+A trainer's group of responses to one question reaches several replicas (veRL spreads samples
+over its reward workers; OpenRLHF's retries land wherever the Service sends them). Each replica
+keeps its own window of question work (sharing.py); with EGRM_SHARE_URL set, what its window does
+not hold it asks this store for, before computing:
+
+- **finished work** is read from Redis (`<namespace>:q:<key>`, kept ttl_s; the bytes are bounded
+  by Redis's own `maxmemory` with `allkeys-lru`, as the deployments set it);
+- **single flight across replicas**: the replica that takes the question's lock
+  (`<namespace>:lock:<key>`, a lease of lease_s it renews while it works) computes; the others poll
+  for its result, and take the lock over when it lapses (the replica died) or is given back with
+  no result (its work failed, or was stopped for nobody);
+- **one result**: the first one written stands (SET NX). A question's samples are seeded from its
+  key (service.py), so a replica that computed it too (its lock lapsed under it) drew the same
+  samples: the same reward, to the last digits batch composition moves;
+- **degraded, never down**: when Redis does not answer, the replica judges on its own (its window
+  still shares work among its own requests), counts it, says so in /readyz, and asks Redis again
+  after retry_s. Work it could not store is still served; nothing waits on Redis for long
+  (socket timeouts of a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.lock import Lock
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import LockError, RedisError
+
+from egrm.pipeline.types import Shared
+
+log = logging.getLogger(__name__)
+
+V = TypeVar("V")
+T = TypeVar("T")
+
+# A replica waiting for another's work polls for it, 5 ms first, doubling to every 100 ms: a
+# short question's result is seen within a few ms of being stored, a long one costs ~10 calls/s.
+_FIRST_POLL_S = 0.005
+_MAX_POLL_S = 0.1
+_TIMEOUT_S = 1.0  # what one Redis call may take before the replica judges on its own
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLimits:
+    """EGRM_SHARE_URL and its timings."""
+
+    url: str
+    ttl_s: float = 600.0  # finished work's age bound (EGRM_SHARE_TTL_S)
+    max_bytes: int = 64 * 2**20  # work larger than this is not stored (EGRM_SHARE_MAX_MB)
+    lease_s: float = 10.0  # how long a question's lock outlives a replica that died holding it
+    retry_s: float = 5.0  # how long a replica that lost Redis judges on its own before asking again
+    namespace: str = "egrm"
+
+
+@dataclass(slots=True)
+class ClusterStats:
+    """What metrics.py exports."""
+
+    hits: int = 0  # finished work read from Redis
+    waits: int = 0  # work another replica was computing, awaited to its end
+    computed: int = 0  # work this replica computed under the question's lock
+    takeovers: int = 0  # of those, locks taken after waiting: the holder died, failed or gave up
+    local: int = 0  # work computed without Redis (it did not answer)
+    errors: int = 0  # Redis calls that failed
+    calls: int = 0  # Redis calls made (the store's traffic)
+    degraded: bool = False  # Redis did not answer lately: this replica judges on its own
+
+
+class ClusterStore(Generic[V]):
+    def __init__(
+        self,
+        limits: ClusterLimits,
+        encode: Callable[[V], bytes],
+        keep: Callable[[V], bool] = lambda _: True,
+        redis: Redis | None = None,
+    ):
+        """encode: a value as stored (decode is the caller's, per call: what a replica rebuilds
+        from the bytes depends on its request); keep: whether a finished value is stored at all
+        (degraded work is not)."""
+        self.limits = limits
+        # One quick retry (a pooled connection that a Redis restart broke reconnects), no backoff:
+        # redis-py's default backs off for seconds, which a replica would spend before judging alone.
+        self._redis = redis or Redis.from_url(
+            limits.url,
+            socket_timeout=_TIMEOUT_S,
+            socket_connect_timeout=_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._encode, self._keep = encode, keep
+        self._stats = ClusterStats()
+        self._down_until = 0.0
+        self._why = ""
+        self._later: set[asyncio.Task[object]] = set()  # locks given back after a cancel
+
+    async def get(
+        self, key: bytes, compute: Callable[[], Awaitable[V]], decode: Callable[[bytes, Shared], V]
+    ) -> tuple[V, Shared]:
+        """The work for key: read from Redis, awaited while another replica computes it, or
+        computed here under its lock (or on this replica alone, while Redis does not answer).
+        decode(bytes, how) rebuilds stored work: CACHED (finished before this call) or JOINED
+        (another replica finished it while this one waited)."""
+        if self.degraded:
+            return await self._alone(compute)
+        result, lock = self._names(key)
+        waited, poll = False, _FIRST_POLL_S
+        while True:
+            try:
+                data = cast("bytes | None", await self._call(self._redis.get(result)))
+                if data is None:
+                    owner = self._redis.lock(lock, timeout=self.limits.lease_s, blocking=False)
+                    if await self._call(owner.acquire()):
+                        # Another replica may have stored it between the read and the lock.
+                        data = cast("bytes | None", await self._call(self._redis.get(result)))
+                        if data is None:
+                            self._stats.takeovers += waited
+                            return await self._compute(result, owner, compute), Shared.COMPUTED
+                        self._give_back(owner)
+            except RedisError as exc:
+                self._down(exc)
+                return await self._alone(compute)
+            if data is not None:
+                how = Shared.JOINED if waited else Shared.CACHED
+                self._count(how)
+                return decode(data, how), how
+            waited = True
+            await asyncio.sleep(poll)
+            poll = min(2 * poll, _MAX_POLL_S)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether Redis failed within the last retry_s (this replica judges on its own meanwhile)."""
+        return time.monotonic() < self._down_until
+
+    def describe(self) -> str:
+        """For /readyz: the store, and why it is degraded."""
+        return f"redis: degraded ({self._why})" if self.degraded else "redis"
+
+    def stats(self) -> ClusterStats:
+        self._stats.degraded = self.degraded
+        return self._stats
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._later, return_exceptions=True)
+        await self._redis.aclose()
+
+    # --- inside ---------------------------------------------------------------------------
+
+    async def _compute(self, result: str, owner: Lock, compute: Callable[[], Awaitable[V]]) -> V:
+        """Compute under the lock (renewed while it runs), store the result, give the lock back.
+        Work that fails, or is stopped, gives the lock back at once: a waiting replica takes over."""
+        self._stats.computed += 1
+        renewing = asyncio.create_task(self._renew(owner))
+        try:
+            value = await compute()
+        except BaseException:
+            renewing.cancel()
+            self._give_back(owner)
+            raise
+        renewing.cancel()
+        try:
+            data = self._encode(value)
+            if self._keep(value) and len(data) <= self.limits.max_bytes:
+                await self._call(self._redis.set(result, data, nx=True, px=int(self.limits.ttl_s * 1000)))
+        except RedisError as exc:  # served all the same: this replica's own window keeps it
+            self._down(exc)
+        self._give_back(owner)
+        return value
+
+    async def _renew(self, owner: Lock) -> None:
+        """Keep the lock while the work runs: a replica that dies stops renewing it, and another
+        takes it over within lease_s."""
+        while True:
+            await asyncio.sleep(self.limits.lease_s / 3)
+            try:
+                await self._call(owner.reacquire())
+            except LockError:  # lapsed (this replica stalled past the lease): another may compute too
+                log.warning("a question's lock lapsed while its work ran here; another replica may compute it too")
+                return
+            except RedisError as exc:
+                self._down(exc)
+                return
+
+    def _give_back(self, owner: Lock) -> None:
+        """Release the lock without waiting for it (this may run in a cancelled task)."""
+
+        async def release() -> None:
+            try:
+                await self._call(owner.release())
+            except LockError:
+                pass  # it had lapsed: nothing to give back
+            except RedisError as exc:
+                self._down(exc)  # it lapses by itself within lease_s
+
+        task: asyncio.Task[object] = asyncio.ensure_future(release())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def _alone(self, compute: Callable[[], Awaitable[V]]) -> tuple[V, Shared]:
+        self._stats.local += 1
+        return await compute(), Shared.COMPUTED
+
+    async def _call(self, call: Awaitable[T]) -> T:
+        self._stats.calls += 1
+        value = await call
+        if self._why:
+            log.warning("shared store: Redis answers again")
+            self._why = ""
+        return value
+
+    def _count(self, how: Shared) -> None:
+        if how is Shared.JOINED:
+            self._stats.waits += 1
+        else:
+            self._stats.hits += 1
+
+    def _down(self, exc: Exception) -> None:
+        self._stats.errors += 1
+        if not self.degraded:
+            log.warning("shared store: Redis failed (%r); judging alone for %g s", exc, self.limits.retry_s)
+        self._why = f"{type(exc).__name__}: {exc}"[:200]
+        self._down_until = time.monotonic() + self.limits.retry_s
+
+    def _names(self, key: bytes) -> tuple[str, str]:
+        hexed = key.hex()
+        return f"{self.limits.namespace}:q:{hexed}", f"{self.limits.namespace}:lock:{hexed}"

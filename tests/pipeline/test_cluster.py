@@ -1,0 +1,193 @@
+"""The replicas' shared store against a real redis-server: single flight across replicas, the
+lock taken over when its holder is gone, and a replica that loses Redis judging on its own.
+
+Each ClusterStore here stands for one replica (its own client and connections to the server)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from egrm.pipeline.cluster import ClusterLimits, ClusterStore
+from egrm.pipeline.types import Shared
+from loadtest.serverproc import free_port, redis_server
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with redis_server() as (url, _):
+        yield url
+
+
+def replica(url: str, **limits) -> ClusterStore[str]:
+    return ClusterStore(ClusterLimits(url, **limits), encode=str.encode, keep=lambda v: v != "degraded")
+
+
+def decode(data: bytes, how: Shared) -> str:
+    return data.decode()
+
+
+class Counted:
+    """A question's work that counts how often it runs and takes as long as a gate says."""
+
+    def __init__(self, value: str = "work", fail: bool = False):
+        self.value, self.fail, self.runs = value, fail, 0
+        self.gate = asyncio.Event()
+
+    async def __call__(self) -> str:
+        self.runs += 1
+        await self.gate.wait()
+        if self.fail:
+            raise RuntimeError("the scorer fell over")
+        return self.value
+
+
+async def started(work: Counted) -> None:
+    while not work.runs:
+        await asyncio.sleep(0.005)
+
+
+def test_a_question_asked_on_two_replicas_at_once_is_computed_once(redis_url):
+    async def main():
+        a, b = replica(redis_url), replica(redis_url)
+        work = Counted()
+        first = asyncio.ensure_future(a.get(b"q1", work, decode))
+        await started(work)
+        second = asyncio.ensure_future(b.get(b"q1", work, decode))
+        await asyncio.sleep(0.05)  # b polls while a computes
+        work.gate.set()
+        assert await first == ("work", Shared.COMPUTED)
+        assert await second == ("work", Shared.JOINED)
+        assert await b.get(b"q1", work, decode) == ("work", Shared.CACHED)  # finished: read
+        assert work.runs == 1
+        assert (a.stats().computed, b.stats().waits, b.stats().hits) == (1, 1, 1)
+        await a.close()
+        await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_replica_that_died_holding_a_question_is_taken_over_once_its_lease_lapses(redis_url):
+    async def main():
+        b = replica(redis_url, lease_s=0.3)
+        # A replica took the lock, then died: nobody renews or gives it back.
+        dead = Redis.from_url(redis_url)
+        assert await dead.set("egrm:lock:" + b"q2".hex(), "a dead replica's token", nx=True, px=300)
+        work = Counted()
+        work.gate.set()
+        assert await asyncio.wait_for(b.get(b"q2", work, decode), 10) == ("work", Shared.COMPUTED)
+        assert work.runs == 1 and b.stats().takeovers == 1
+        await dead.aclose()
+        await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_holder_that_keeps_working_keeps_its_lock_past_the_lease(redis_url):
+    async def main():
+        a, b = replica(redis_url, lease_s=0.3), replica(redis_url, lease_s=0.3)
+        work = Counted()
+        first = asyncio.ensure_future(a.get(b"q3", work, decode))
+        await started(work)
+        second = asyncio.ensure_future(b.get(b"q3", work, decode))
+        await asyncio.sleep(1.0)  # three leases: a renews its lock, b keeps waiting
+        assert work.runs == 1 and not second.done()
+        work.gate.set()
+        assert (await first)[1] is Shared.COMPUTED and (await second)[1] is Shared.JOINED
+        await a.close()
+        await b.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["fails", "is cancelled"])
+def test_work_that_fails_or_is_stopped_gives_its_lock_back_at_once(redis_url, how):
+    """A waiting replica takes over without waiting for the lease (a minute here)."""
+
+    async def main():
+        a, b = replica(redis_url, lease_s=60), replica(redis_url, lease_s=60)
+        broken = Counted(fail=how == "fails")
+        first = asyncio.ensure_future(a.get(b"q4", broken, decode))
+        await started(broken)
+        healthy = Counted()
+        healthy.gate.set()
+        second = asyncio.ensure_future(b.get(b"q4", healthy, decode))
+        await asyncio.sleep(0.05)
+        if how == "fails":
+            broken.gate.set()
+            with pytest.raises(RuntimeError):
+                await first
+        else:
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+        assert await asyncio.wait_for(second, 10) == ("work", Shared.COMPUTED)
+        assert b.stats().takeovers == 1
+        await a.close()
+        await b.close()
+
+    asyncio.run(main())
+
+
+def test_degraded_work_and_work_over_the_byte_bound_are_served_not_stored(redis_url):
+    async def main():
+        a = replica(redis_url, max_bytes=8)
+        for key, value in ((b"q5", "degraded"), (b"q6", "more than eight bytes")):
+            work = Counted(value)
+            work.gate.set()
+            assert await a.get(key, work, decode) == (value, Shared.COMPUTED)
+            assert await a.get(key, work, decode) == (value, Shared.COMPUTED)  # not stored: computed again
+            assert work.runs == 2
+        await a.close()
+
+    asyncio.run(main())
+
+
+def test_a_replica_that_loses_redis_judges_alone_then_comes_back():
+    port = free_port()
+
+    async def ask(a: ClusterStore[str], key: bytes) -> tuple[str, Shared]:
+        work = Counted()
+        work.gate.set()
+        return await a.get(key, work, decode)
+
+    async def main():
+        with redis_server(port) as (url, _):
+            a = replica(url, retry_s=0.3)
+            assert await ask(a, b"q7") == ("work", Shared.COMPUTED)
+        # Redis is gone: the question is judged here, nothing is lost, and the replica says so.
+        assert await ask(a, b"q8") == ("work", Shared.COMPUTED)
+        assert a.degraded and a.describe().startswith("redis: degraded (ConnectionError")
+        calls = a.stats().calls
+        assert await ask(a, b"q9") == ("work", Shared.COMPUTED)
+        assert a.stats().calls == calls  # within retry_s, Redis is not asked again
+        assert (a.stats().local, a.stats().errors) == (2, 1)
+        with redis_server(port):
+            await asyncio.sleep(0.3)
+            assert await ask(a, b"q10") == ("work", Shared.COMPUTED)
+            assert not a.degraded and a.describe() == "redis"
+            assert await ask(a, b"q10") == ("work", Shared.CACHED)
+            await a.close()
+
+    asyncio.run(main())
+
+
+def test_redis_lost_while_a_question_is_computed_loses_nothing():
+    async def main():
+        with redis_server() as (url, proc):
+            a = replica(url)
+            work = Counted()
+            running = asyncio.ensure_future(a.get(b"q11", work, decode))
+            await started(work)
+            proc.kill()
+            proc.wait()
+            work.gate.set()
+            assert await running == ("work", Shared.COMPUTED)  # served; storing it failed
+            assert a.degraded and a.stats().errors >= 1
+            await a.close()
+
+    asyncio.run(main())
