@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None, s
                 app.state.metrics.watch_sharing(pipeline.questions.stats)
             if pipeline.cluster is not None:
                 app.state.metrics.watch_cluster(pipeline.cluster.stats)
-            app.state.readiness = ReadinessMonitor(pipeline.engine, pipeline.scorer)
+            app.state.readiness = ReadinessMonitor(pipeline.engine, pipeline.scorer, pipeline.cluster)
             await app.state.readiness.start()
             try:
                 yield

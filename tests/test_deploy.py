@@ -179,7 +179,7 @@ def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
 
 
 def test_compose_services_ports_and_wiring():
-    assert set(SERVICES) == {"api", "scorer", "prometheus", "grafana", "locust", "vllm", *GPU_SERVICES}
+    assert set(SERVICES) == {"api", "scorer", "redis", "prometheus", "grafana", "locust", "vllm", *GPU_SERVICES}
     api, scorer = SERVICES["api"], SERVICES["scorer"]
     assert api["ports"] == [f"{SETTINGS_PORT}:{compose_port('api')}"] and compose_port("api") == SETTINGS_PORT
     assert scorer["command"] == SCORER_COMMAND
@@ -187,6 +187,30 @@ def test_compose_services_ports_and_wiring():
     assert api["environment"]["EGRM_SCORER_URL"] == f"http://scorer:{compose_port('scorer')}"
     assert api["environment"]["EGRM_SGLANG_URL"] == f"http://sglang:{compose_port('sglang')}"
     assert interpolate(api["environment"]["EGRM_ENGINE"]) == Settings.model_fields["engine"].default
+
+
+def redis_flags_bound_it_in_memory(args: list[str]) -> None:
+    """As the tests' redis-server runs (loadtest/serverproc.redis_server): no persistence, bytes
+    bounded with the least recently used out (the store's entries and bytes bound)."""
+    assert flag(args, "--save") == "" and flag(args, "--appendonly") == "no"
+    assert flag(args, "--maxmemory-policy") == "allkeys-lru" and flag(args, "--maxmemory").endswith("mb")
+
+
+def test_compose_replicas_share_question_work_through_its_redis():
+    api, redis = SERVICES["api"], SERVICES["redis"]
+    url = urlsplit(api["environment"]["EGRM_SHARE_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("redis", "redis", 6379) and redis["expose"] == ["6379"]
+    assert redis["command"][0] == "redis-server"
+    redis_flags_bound_it_in_memory(redis["command"])
+    assert api["depends_on"]["redis"] == {"condition": "service_healthy"}
+
+
+def test_k8s_replicas_share_question_work_through_the_redis_service():
+    url = urlsplit(k8s("ConfigMap", "egrm-config")["data"]["EGRM_SHARE_URL"])
+    service = k8s("Service", "redis")
+    assert (url.scheme, url.hostname) == ("redis", service["metadata"]["name"])
+    assert [p["port"] for p in service["spec"]["ports"]] == [url.port]
+    redis_flags_bound_it_in_memory(container(workload("redis"))["args"])
 
 
 def test_compose_sglang_and_dcgm_exporter_are_gpu_profile_services():

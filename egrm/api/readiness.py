@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from egrm.engines.base import Engine
+from egrm.pipeline.cluster import ClusterStore
 from egrm.pipeline.scorer import Scorer
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,10 @@ def _word(ready: bool) -> str:
 
 
 class ReadinessMonitor:
-    def __init__(self, engine: Engine, scorer: Scorer):
-        self._engine, self._scorer = engine, scorer
+    def __init__(self, engine: Engine, scorer: Scorer, store: ClusterStore | None = None):
+        """store: the replicas' Redis store, asked whether it is back when it failed (it never
+        decides readiness: a replica without it judges alone)."""
+        self._engine, self._scorer, self._store = engine, scorer, store
         self._task: asyncio.Task[None] | None = None
         self.state = ReadyState(False, False)
 
@@ -53,6 +56,9 @@ class ReadinessMonitor:
 
     async def check(self) -> None:
         engine, scorer = await asyncio.gather(_answers(self._engine.ready()), _answers(self._scorer.ready()))
+        if self._store is not None:
+            with contextlib.suppress(Exception):  # what it said is the store's to tell (/readyz)
+                await asyncio.wait_for(self._store.check(), TIMEOUT_S)
         state = ReadyState(engine, scorer)
         if state != self.state:  # a change is news; the same answer every INTERVAL_S is not
             log.info("readiness: engine %s, scorer %s", _word(engine), _word(scorer))

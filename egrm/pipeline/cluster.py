@@ -108,7 +108,7 @@ class ClusterStore(Generic[V]):
         computed here under its lock (or on this replica alone, while Redis does not answer).
         decode(bytes, how) rebuilds stored work: CACHED (finished before this call) or JOINED
         (another replica finished it while this one waited)."""
-        if self.degraded:
+        if time.monotonic() < self._down_until:  # Redis failed within retry_s: not asked again yet
             return await self._alone(compute)
         result, lock = self._names(key)
         waited, poll = False, _FIRST_POLL_S
@@ -137,8 +137,18 @@ class ClusterStore(Generic[V]):
 
     @property
     def degraded(self) -> bool:
-        """Whether Redis failed within the last retry_s (this replica judges on its own meanwhile)."""
-        return time.monotonic() < self._down_until
+        """Whether Redis failed and has not answered since (this replica judges on its own, and
+        asks Redis again every retry_s)."""
+        return bool(self._why)
+
+    async def check(self) -> None:
+        """Ask a Redis that failed whether it is back, once retry_s is over (the readiness monitor
+        calls this every few seconds, so /readyz tells even when no request has asked Redis)."""
+        if self._why and time.monotonic() >= self._down_until:
+            try:
+                await self._call(self._redis.ping())
+            except RedisError as exc:
+                self._down(exc)
 
     def describe(self) -> str:
         """For /readyz: the store, and why it is degraded."""

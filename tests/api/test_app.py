@@ -188,7 +188,7 @@ def test_a_request_that_can_never_fit_the_engine_queue_is_refused_once(engine):
 
 def test_health_and_readiness(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+    assert client.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
 
 
 def test_a_full_engine_queue_gives_429_with_retry_after(loaded_fp32):

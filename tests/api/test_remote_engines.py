@@ -31,7 +31,7 @@ def client(model_path, **settings) -> TestClient:
 
 def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
     with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
-        assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+        assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
         short = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
         sglang.answers = split("12+30=42", "12+30=41")  # the judge's samples disagree: the long path
         # Another seed is other work (the same one would read the first request's, kept).

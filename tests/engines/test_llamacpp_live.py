@@ -53,7 +53,7 @@ def rewards(url: str, items: list[dict], **options) -> httpx.Response:
 
 
 def test_rewards_on_the_short_and_the_long_path(egrm):
-    assert httpx.get(f"{egrm}/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+    assert httpx.get(f"{egrm}/readyz").json() == {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
     short = rewards(egrm, [RIGHT, WRONG], path="short", seed=3)
     long = rewards(egrm, [RIGHT, WRONG], path="long", seed=3)
     assert short.status_code == 200 and long.status_code == 200, (short.text, long.text)

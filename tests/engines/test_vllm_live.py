@@ -75,7 +75,7 @@ def vllm_requests(url: str) -> float:
 
 def test_rewards_on_the_short_and_the_long_path(egrm, vllm):
     url = vllm[0]
-    assert httpx.get(f"{egrm}/readyz").json() == {"ready": True, "engine": True, "scorer": True}
+    assert httpx.get(f"{egrm}/readyz").json() == {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
     hits = vllm_metric(url, "vllm:prefix_cache_hits_total")
     short = rewards(egrm, [RIGHT, WRONG], path="short", seed=3)
     long = rewards(egrm, [RIGHT, WRONG], path="long", seed=3)

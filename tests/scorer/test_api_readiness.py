@@ -22,12 +22,13 @@ def readyz(settings: Settings, engine, scorer=None) -> tuple[int, dict]:
 
 def test_an_unreachable_worker_is_reported_but_the_api_stays_ready(engine):
     settings = Settings(scorer_url=f"http://127.0.0.1:{free_port()}")
-    assert readyz(settings, engine) == (200, {"ready": True, "engine": True, "scorer": False})
+    assert readyz(settings, engine) == (200, {"ready": True, "engine": True, "scorer": False, "store": "in-process"})
 
 
 def test_a_scorer_passed_in_wins_over_the_url(engine):
     settings = Settings(scorer_url=f"http://127.0.0.1:{free_port()}")
-    assert readyz(settings, engine, HeuristicScorer()) == (200, {"ready": True, "engine": True, "scorer": True})
+    ready = {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
+    assert readyz(settings, engine, HeuristicScorer()) == (200, ready)
 
 
 def test_a_scorer_that_never_answers_does_not_hold_readyz(engine):
@@ -40,5 +41,5 @@ def test_a_scorer_that_never_answers_does_not_hold_readyz(engine):
             started = time.perf_counter()
             answers = [client.get("/readyz") for _ in range(5)]
             took = (time.perf_counter() - started) / 5
-    assert all(a.json() == {"ready": True, "engine": True, "scorer": False} for a in answers)
+    assert all(a.json() == {"ready": True, "engine": True, "scorer": False, "store": "in-process"} for a in answers)
     assert took < 0.2, took  # the check itself gives up after 1 s, in the background

@@ -1,0 +1,97 @@
+"""A GRPO step split over egrm replicas, with and without the Redis store they share: one JSON line.
+
+N prompts x G responses (bench_grpo's workload: no seed, answers written several ways), sent as
+OpenRLHF sends them, one query per POST, all at once; with two replicas the POSTs alternate between
+them (as a Service spreads a trainer's reward workers), so every question reaches both. Each setting
+runs on fresh servers and a fresh redis-server, one setting at a time:
+
+- one: one `egrm serve`, its in-process store (the baseline);
+- one_redis: the same replica with EGRM_SHARE_URL (what the store costs where it saves nothing);
+- two_alone: two replicas, each its own store (what a fleet did before: each question judged twice);
+- two_redis: two replicas sharing Redis.
+
+Two replicas on this machine share its cores: each runs one torch thread (two processes of two
+threads on two cores slow each other down ~40x), the single replica all of them. Reports items/s,
+questions judged (work computed), the largest reward spread among equal answers, rewards lost,
+Redis calls per question, and the ratios to one replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+
+from loadtest.bench_grpo import Response, group, quality
+from loadtest.serverproc import redis_server, server_process
+
+
+async def alternating(urls: list[str], responses: list[Response]) -> list[float | None]:
+    """One /get_reward POST per query, all at once, query k to replica k mod len(urls)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+    async def one(client: httpx.AsyncClient, k: int, r: Response) -> float | None:
+        body = {"query": [r.query], "prompts": [r.prompt], "labels": [None]}
+        answer = await client.post(f"{urls[k % len(urls)]}/get_reward", json=body, timeout=180)
+        return float(answer.json()["rewards"][0]) if answer.status_code == 200 else None
+
+    async with httpx.AsyncClient(limits=limits) as client:
+        return list(await asyncio.gather(*(one(client, k, r) for k, r in enumerate(responses))))
+
+
+def total(urls: list[str], name: str) -> float:
+    """A series summed over the replicas (0 where one does not export it)."""
+    out = 0.0
+    for url in urls:
+        for line in httpx.get(f"{url}/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                out += float(line.split()[1])
+    return out
+
+
+def setting(replicas: int, redis: bool, responses: list[Response], prompts: int) -> dict[str, Any]:
+    with ExitStack() as stack:
+        env = {"EGRM_THREADS": "1"} if replicas > 1 else {}
+        if redis:
+            url, _ = stack.enter_context(redis_server(maxmemory_mb=256))
+            env["EGRM_SHARE_URL"] = url
+        urls = [stack.enter_context(server_process(env))[0] for _ in range(replicas)]
+        start = time.perf_counter()
+        rewards = asyncio.run(alternating(urls, responses))
+        wall = time.perf_counter() - start
+        if redis:
+            judged = sum(total(urls, f'egrm_shared_store_total{{outcome="{o}"}}') for o in ("computed", "local"))
+        else:
+            judged = total(urls, 'egrm_shared_questions_total{outcome="miss"}')
+        out = {"items_per_s": round(len(responses) / wall, 2), "wall_s": round(wall, 1), "questions_judged": judged}
+        if redis:
+            out["redis_calls_per_question"] = round(total(urls, "egrm_shared_store_calls_total") / prompts, 1)
+            out["store_errors"] = total(urls, "egrm_shared_store_errors_total")
+    return {**out, **quality(responses, rewards)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16, help="N prompts")
+    parser.add_argument("--group", type=int, default=8, help="G responses per prompt")
+    args = parser.parse_args()
+    runs: dict[str, Any] = {"prompts": args.prompts, "group_size": args.group}
+    settings = {"one": (1, False), "one_redis": (1, True), "two_alone": (2, False), "two_redis": (2, True)}
+    # The same questions in every setting (fresh servers and a fresh Redis each: nothing carries
+    # over), seeded from their keys: every setting computes the same work.
+    responses = [r for i in range(args.prompts) for r in group(i, args.group)]
+    for name, (replicas, redis) in settings.items():
+        runs[name] = setting(replicas, redis, responses, args.prompts)
+    base = runs["one"]["items_per_s"]
+    for name in ("one_redis", "two_alone", "two_redis"):
+        runs[f"ratio_items_per_s_{name}_vs_one"] = round(runs[name]["items_per_s"] / base, 3)
+    print(json.dumps(runs))
+
+
+if __name__ == "__main__":
+    main()
