@@ -2,7 +2,8 @@
 
 N prompts x G responses (bench_grpo's workload: no seed, answers written several ways), sent as
 OpenRLHF sends them, one query per POST, all at once; with two replicas the POSTs alternate between
-them (as a Service spreads a trainer's reward workers), so every question reaches both. Each setting
+them (as a Service spreads a trainer's reward workers), so every question reaches both, each group
+starting on the next replica. Each setting
 runs on fresh servers and a fresh redis-server, one setting at a time:
 
 - one: one `egrm serve`, its in-process store (the baseline);
@@ -32,12 +33,15 @@ from loadtest.serverproc import redis_server, server_process
 
 
 async def alternating(urls: list[str], responses: list[Response]) -> list[float | None]:
-    """One /get_reward POST per query, all at once, query k to replica k mod len(urls)."""
+    """One /get_reward POST per query, all at once, alternating between the replicas, each group
+    starting on the next replica (as a Service spreads them: a question's first response, whose
+    replica then computes it, does not always reach the same one)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 
     async def one(client: httpx.AsyncClient, k: int, r: Response) -> float | None:
         body = {"query": [r.query], "prompts": [r.prompt], "labels": [None]}
-        answer = await client.post(f"{urls[k % len(urls)]}/get_reward", json=body, timeout=180)
+        url = urls[(k + r.question) % len(urls)]
+        answer = await client.post(f"{url}/get_reward", json=body, timeout=180)
         return float(answer.json()["rewards"][0]) if answer.status_code == 200 else None
 
     async with httpx.AsyncClient(limits=limits) as client:
@@ -64,11 +68,17 @@ def setting(replicas: int, redis: bool, responses: list[Response], prompts: int)
         start = time.perf_counter()
         rewards = asyncio.run(alternating(urls, responses))
         wall = time.perf_counter() - start
+        computed = 'egrm_shared_questions_total{outcome="miss"}'  # question work started
         if redis:
-            judged = sum(total(urls, f'egrm_shared_store_total{{outcome="{o}"}}') for o in ("computed", "local"))
-        else:
-            judged = total(urls, 'egrm_shared_questions_total{outcome="miss"}')
-        out = {"items_per_s": round(len(responses) / wall, 2), "wall_s": round(wall, 1), "questions_judged": judged}
+            computed = 'egrm_shared_store_total{outcome="computed"}'  # of that, what Redis did not give
+        per_replica = [total([u], computed) for u in urls]
+        alone = total(urls, 'egrm_shared_store_total{outcome="local"}') if redis else 0.0  # Redis failed
+        out: dict[str, Any] = {
+            "items_per_s": round(len(responses) / wall, 2),
+            "wall_s": round(wall, 1),
+            "questions_judged": sum(per_replica) + alone,
+            "judged_per_replica": per_replica,
+        }
         if redis:
             out["redis_calls_per_question"] = round(total(urls, "egrm_shared_store_calls_total") / prompts, 1)
             out["store_errors"] = total(urls, "egrm_shared_store_errors_total")
