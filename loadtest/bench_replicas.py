@@ -14,7 +14,7 @@ runs on fresh servers and a fresh redis-server, one setting at a time:
 Two replicas on this machine share its cores: each runs one torch thread (two processes of two
 threads on two cores slow each other down ~40x), the single replica all of them. Reports items/s,
 questions judged (work computed), the largest reward spread among equal answers, rewards lost,
-Redis calls per question, and the ratios to one replica.
+Redis calls and the stored work's size per question, and the ratios to one replica.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import httpx
+from redis import Redis
 
 from loadtest.bench_grpo import Response, group, quality
 from loadtest.serverproc import redis_server, server_process
@@ -58,6 +59,14 @@ def total(urls: list[str], name: str) -> float:
     return out
 
 
+def stored_kb(url: str) -> float:
+    """The mean size of a question's stored work in Redis, in KiB."""
+    client = Redis.from_url(url)
+    sizes = [client.strlen(key) for key in client.scan_iter("egrm:q:*")]
+    client.close()
+    return round(sum(sizes) / max(1, len(sizes)) / 1024, 1)
+
+
 def setting(replicas: int, redis: bool, responses: list[Response], prompts: int) -> dict[str, Any]:
     with ExitStack() as stack:
         env = {"EGRM_THREADS": "1"} if replicas > 1 else {}
@@ -80,6 +89,7 @@ def setting(replicas: int, redis: bool, responses: list[Response], prompts: int)
             "judged_per_replica": per_replica,
         }
         if redis:
+            out["stored_kb_per_question"] = stored_kb(env["EGRM_SHARE_URL"])
             out["redis_calls_per_question"] = round(total(urls, "egrm_shared_store_calls_total") / prompts, 1)
             out["store_errors"] = total(urls, "egrm_shared_store_errors_total")
     return {**out, **quality(responses, rewards)}
@@ -100,6 +110,9 @@ def main() -> None:
     base = runs["one"]["items_per_s"]
     for name in ("one_redis", "two_alone", "two_redis"):
         runs[f"ratio_items_per_s_{name}_vs_one"] = round(runs[name]["items_per_s"] / base, 3)
+    runs["ratio_items_per_s_two_redis_vs_two_alone"] = round(
+        runs["two_redis"]["items_per_s"] / runs["two_alone"]["items_per_s"], 3
+    )
     print(json.dumps(runs))
 
 

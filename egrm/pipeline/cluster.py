@@ -23,8 +23,10 @@ not hold it asks this store for, before computing:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar, cast
@@ -47,13 +49,16 @@ T = TypeVar("T")
 _FIRST_POLL_S = 0.005
 _MAX_POLL_S = 0.1
 _TIMEOUT_S = 1.0  # what one Redis call may take before the replica judges on its own
-# A replica computing n questions lets the others take a new one first: it waits n x _YIELD_S (at
+# A replica computing n questions lets its peers take a new one first: it waits n x _YIELD_S (at
 # most _MAX_YIELD_S) before it takes the lock, polling for a result meanwhile. A burst of questions
 # that reach every replica (a step's groups split between them) then spreads over the replicas
-# instead of going to whichever asks first (measured: one of two computed all 16); a replica that
-# is alone pays at most that wait, and only under load.
+# instead of going to whichever asks first (measured: one of two computed all 16). A replica with
+# no live peer never waits; one with peers pays at most that wait, and only under load.
 _YIELD_S = 0.01
 _MAX_YIELD_S = 0.1
+# Each replica says it is alive in a sorted set (member: its id, score: when that stops being
+# true), every time the readiness monitor checks (2 s); its peers are the others not yet expired.
+_ALIVE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,8 @@ class ClusterStore(Generic[V]):
         self._why = ""
         self._later: set[asyncio.Task[object]] = set()  # locks given back after a cancel
         self._computing = 0  # questions this replica claims or computes under their lock now
+        self._id = uuid.uuid4().hex
+        self._peers = 0  # other replicas alive on this store, as last read (check())
 
     async def get(
         self, key: bytes, compute: Callable[[], Awaitable[V]], decode: Callable[[bytes, Shared], V]
@@ -123,7 +130,8 @@ class ClusterStore(Generic[V]):
         while True:
             try:
                 data = cast("bytes | None", await self._call(self._redis.get(result)))
-                if data is None and time.monotonic() - start >= min(self._computing * _YIELD_S, _MAX_YIELD_S):
+                yield_s = min(self._computing * _YIELD_S, _MAX_YIELD_S) if self._peers else 0.0
+                if data is None and time.monotonic() - start >= yield_s:
                     owner = self._redis.lock(lock, timeout=self.limits.lease_s, blocking=False)
                     self._computing += 1  # counted from the claim: a burst's next claim already yields
                     try:
@@ -156,13 +164,26 @@ class ClusterStore(Generic[V]):
         return bool(self._why)
 
     async def check(self) -> None:
-        """Ask a Redis that failed whether it is back, once retry_s is over (the readiness monitor
-        calls this every few seconds, so /readyz tells even when no request has asked Redis)."""
-        if self._why and time.monotonic() >= self._down_until:
-            try:
-                await self._call(self._redis.ping())
-            except RedisError as exc:
-                self._down(exc)
+        """Say this replica is alive and count its live peers; ask a Redis that failed whether it
+        is back once retry_s is over. The readiness monitor calls this every few seconds, so
+        /readyz tells even when no request has asked Redis."""
+        if time.monotonic() < self._down_until:
+            return
+        now, alive = time.time(), f"{self.limits.namespace}:replicas"
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(alive, {self._id: now + _ALIVE_S})
+                pipe.zremrangebyscore(alive, "-inf", now)
+                pipe.zcard(alive)
+                *_, count = await self._call(pipe.execute())
+            self._peers = max(0, int(count) - 1)
+        except RedisError as exc:
+            self._down(exc)
+
+    @property
+    def peers(self) -> int:
+        """Other replicas alive on this store, as last read (check())."""
+        return self._peers
 
     def describe(self) -> str:
         """For /readyz: the store, and why it is degraded."""
@@ -174,6 +195,8 @@ class ClusterStore(Generic[V]):
 
     async def close(self) -> None:
         await asyncio.gather(*self._later, return_exceptions=True)
+        with contextlib.suppress(RedisError):  # leaving: its peers stop yielding to it at once
+            await self._redis.zrem(f"{self.limits.namespace}:replicas", self._id)
         await self._redis.aclose()
 
     # --- inside ---------------------------------------------------------------------------

@@ -71,6 +71,49 @@ def test_a_question_asked_on_two_replicas_at_once_is_computed_once(redis_url):
     asyncio.run(main())
 
 
+def test_replicas_count_their_live_peers(redis_url):
+    async def main():
+        a, b = replica(redis_url), replica(redis_url)
+        await a.check()
+        assert a.peers == 0  # alone: it never yields a question to anybody
+        await b.check()
+        await a.check()
+        assert (a.peers, b.peers) == (1, 1)
+        await b.close()  # leaving says so at once
+        await a.check()
+        assert a.peers == 0
+        await a.close()
+
+    asyncio.run(main())
+
+
+def test_a_burst_of_questions_on_two_replicas_spreads_over_both(redis_url):
+    """Each replica waits a little per question it already computes before taking a new one:
+    the one that asks first does not take them all."""
+
+    async def main():
+        a, b = replica(redis_url), replica(redis_url)
+        for store in (a, b, a):  # each alive, and each knows the other
+            await store.check()
+        keys = [f"burst{i}".encode() for i in range(8)]
+        works = {k: Counted() for k in keys}
+        on_a = [asyncio.ensure_future(a.get(k, works[k], decode)) for k in keys]
+        await asyncio.sleep(0.002)
+        on_b = [asyncio.ensure_future(b.get(k, works[k], decode)) for k in keys]
+        while sum(w.runs for w in works.values()) < len(keys):  # every question claimed once
+            await asyncio.sleep(0.005)
+        for w in works.values():
+            w.gate.set()
+        results = await asyncio.gather(*on_a, *on_b)
+        assert all(value == "work" for value, _ in results)
+        assert all(w.runs == 1 for w in works.values())
+        assert a.stats().computed >= 1 and b.stats().computed >= 1, (a.stats(), b.stats())
+        await a.close()
+        await b.close()
+
+    asyncio.run(main())
+
+
 def test_a_replica_that_died_holding_a_question_is_taken_over_once_its_lease_lapses(redis_url):
     async def main():
         b = replica(redis_url, lease_s=0.3)
