@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -95,12 +96,33 @@ def setting(replicas: int, redis: bool, responses: list[Response], prompts: int)
     return {**out, **quality(responses, rewards)}
 
 
+def store_cost(prompts: int, size: int, pairs: int) -> dict[str, Any]:
+    """What Redis costs a replica where it saves nothing: one replica without it and with it, in
+    ABBA order (the machine drifts 10-20% between runs), each pair's items/s ratio and the median."""
+    responses = [r for i in range(prompts) for r in group(i, size)]
+    ratios = []
+    for n in range(pairs):
+        order = (False, True) if n % 2 == 0 else (True, False)
+        rate = {redis: setting(1, redis, responses, prompts)["items_per_s"] for redis in order}
+        ratios.append(round(rate[True] / rate[False], 3))
+    return {"ratio_items_per_s_one_redis_vs_one": ratios, "median": statistics.median(ratios)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16, help="N prompts")
     parser.add_argument("--group", type=int, default=8, help="G responses per prompt")
+    parser.add_argument(
+        "--store-cost-pairs",
+        type=int,
+        default=0,
+        help="instead: one replica without and with Redis, N times each in ABBA order, and each pair's ratio",
+    )
     args = parser.parse_args()
     runs: dict[str, Any] = {"prompts": args.prompts, "group_size": args.group}
+    if args.store_cost_pairs:
+        print(json.dumps({**runs, **store_cost(args.prompts, args.group, args.store_cost_pairs)}))
+        return
     settings = {"one": (1, False), "one_redis": (1, True), "two_alone": (2, False), "two_redis": (2, True)}
     # The same questions in every setting (fresh servers and a fresh Redis each: nothing carries
     # over), seeded from their keys: every setting computes the same work.

@@ -8,9 +8,10 @@ not hold it asks this store for, before computing:
 - **finished work** is read from Redis (`<namespace>:q:<key>`, kept ttl_s; the bytes are bounded
   by Redis's own `maxmemory` with `allkeys-lru`, as the deployments set it);
 - **single flight across replicas**: the replica that takes the question's lock
-  (`<namespace>:lock:<key>`, a lease of lease_s it renews while it works) computes; the others poll
-  for its result, and take the lock over when it lapses (the replica died) or is given back with
-  no result (its work failed, or was stopped for nobody);
+  (`<namespace>:lock:<key>`, a lease of lease_s it renews while it works) computes; the others wait
+  for its result (told by pub/sub when it is stored, polling besides), and take the lock over when
+  it lapses (the replica died) or is given back with no result (its work failed, or was stopped for
+  nobody). A replica busy with other questions lets its live peers take a new one first;
 - **one result**: the first one written stands (SET NX). A question's samples are seeded from its
   key (service.py), so a replica that computed it too (its lock lapsed under it) drew the same
   samples: the same reward, to the last digits batch composition moves;
@@ -44,10 +45,12 @@ log = logging.getLogger(__name__)
 V = TypeVar("V")
 T = TypeVar("T")
 
-# A replica waiting for another's work polls for it, 5 ms first, doubling to every 100 ms: a
-# short question's result is seen within a few ms of being stored, a long one costs ~10 calls/s.
+# A replica waiting for another's work is told when it is stored or given up (Redis pub/sub, one
+# subscription per replica) and looks again at once; it also looks every poll, 5 ms first,
+# doubling to every second (a message lost, a holder that died and whose lock lapsed): about two
+# calls a second per waiting question, where polling every 100 ms cost twenty.
 _FIRST_POLL_S = 0.005
-_MAX_POLL_S = 0.1
+_MAX_POLL_S = 1.0
 _TIMEOUT_S = 1.0  # what one Redis call may take before the replica judges on its own
 # A replica computing n questions lets its peers take a new one first: it waits n x _YIELD_S (at
 # most _MAX_YIELD_S) before it takes the lock, polling for a result meanwhile. A burst of questions
@@ -114,6 +117,8 @@ class ClusterStore(Generic[V]):
         self._later: set[asyncio.Task[object]] = set()  # locks given back after a cancel
         self._computing = 0  # questions this replica claims or computes under their lock now
         self._id = uuid.uuid4().hex
+        self._news: dict[str, asyncio.Event] = {}  # result name -> its waiter's wake-up
+        self._listener: asyncio.Task[None] | None = None
         self._peers = 0  # other replicas alive on this store, as last read (check())
 
     async def get(
@@ -125,6 +130,8 @@ class ClusterStore(Generic[V]):
         (another replica finished it while this one waited)."""
         if time.monotonic() < self._down_until:  # Redis failed within retry_s: not asked again yet
             return await self._alone(compute)
+        if self._listener is None:
+            self._listener = asyncio.ensure_future(self._listen())
         result, lock = self._names(key)
         waited, refused, poll, start = False, False, _FIRST_POLL_S, time.monotonic()
         while True:
@@ -144,7 +151,7 @@ class ClusterStore(Generic[V]):
                         if data is None:
                             self._stats.takeovers += refused
                             return await self._compute(result, owner, compute), Shared.COMPUTED
-                        self._give_back(owner)
+                        self._give_back(owner, result)
                     refused = True
             except RedisError as exc:
                 self._down(exc)
@@ -154,7 +161,7 @@ class ClusterStore(Generic[V]):
                 self._count(how)
                 return decode(data, how), how
             waited = True
-            await asyncio.sleep(poll)
+            await self._news_of(result, poll)
             poll = min(2 * poll, _MAX_POLL_S)
 
     @property
@@ -194,7 +201,9 @@ class ClusterStore(Generic[V]):
         return self._stats
 
     async def close(self) -> None:
-        await asyncio.gather(*self._later, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.cancel()
+        await asyncio.gather(*self._later, *filter(None, [self._listener]), return_exceptions=True)
         with contextlib.suppress(RedisError):  # leaving: its peers stop yielding to it at once
             await self._redis.zrem(f"{self.limits.namespace}:replicas", self._id)
         await self._redis.aclose()
@@ -210,7 +219,7 @@ class ClusterStore(Generic[V]):
         try:
             value = await compute()
         except BaseException:
-            self._give_back(owner)
+            self._give_back(owner, result)
             raise
         finally:
             self._computing -= 1
@@ -221,7 +230,7 @@ class ClusterStore(Generic[V]):
                 await self._call(self._redis.set(result, data, nx=True, px=int(self.limits.ttl_s * 1000)))
         except RedisError as exc:  # served all the same: this replica's own window keeps it
             self._down(exc)
-        self._give_back(owner)
+        self._give_back(owner, result)
         return value
 
     async def _renew(self, owner: Lock) -> None:
@@ -238,8 +247,9 @@ class ClusterStore(Generic[V]):
                 self._down(exc)
                 return
 
-    def _give_back(self, owner: Lock) -> None:
-        """Release the lock without waiting for it (this may run in a cancelled task)."""
+    def _give_back(self, owner: Lock, result: str) -> None:
+        """Release the lock and tell the waiting replicas to look again (the work is stored, or
+        theirs to take), without waiting for it (this may run in a cancelled task)."""
 
         async def release() -> None:
             try:
@@ -248,10 +258,43 @@ class ClusterStore(Generic[V]):
                 pass  # it had lapsed: nothing to give back
             except RedisError as exc:
                 self._down(exc)  # it lapses by itself within lease_s
+                return
+            with contextlib.suppress(RedisError):  # unheard, the waiters find out at their next poll
+                await self._call(self._redis.publish(self._channel, result))
 
         task: asyncio.Task[object] = asyncio.ensure_future(release())
         self._later.add(task)
         task.add_done_callback(self._later.discard)
+
+    async def _news_of(self, result: str, within_s: float) -> None:
+        """Wait until the work named result is stored or given up (word from the listener), for
+        at most within_s."""
+        event = self._news.setdefault(result, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), within_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._news.pop(result, None)
+
+    async def _listen(self) -> None:
+        """Wake this replica's waiters when the work they wait for is stored or given up."""
+        while True:
+            try:
+                async with self._redis.pubsub() as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    while True:
+                        # A bounded wait: an idle subscription must not hit the socket's timeout.
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_TIMEOUT_S / 2)
+                        event = self._news.get(message["data"].decode()) if message else None
+                        if event is not None:
+                            event.set()
+            except RedisError:
+                await asyncio.sleep(self.limits.retry_s)  # the waiters poll meanwhile
+
+    @property
+    def _channel(self) -> str:
+        return f"{self.limits.namespace}:done"
 
     async def _alone(self, compute: Callable[[], Awaitable[V]]) -> tuple[V, Shared]:
         self._stats.local += 1
