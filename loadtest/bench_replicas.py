@@ -75,6 +75,8 @@ def setting(replicas: int, redis: bool, responses: list[Response], prompts: int)
             url, _ = stack.enter_context(redis_server(maxmemory_mb=256))
             env["EGRM_SHARE_URL"] = url
         urls = [stack.enter_context(server_process(env))[0] for _ in range(replicas)]
+        if redis and replicas > 1:
+            time.sleep(2.5)  # every replica has seen the others (each says it is alive every 2 s)
         start = time.perf_counter()
         rewards = asyncio.run(alternating(urls, responses))
         wall = time.perf_counter() - start
