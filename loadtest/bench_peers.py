@@ -15,7 +15,9 @@ Each llama-server GGUF is run in turn: the judge egrm serves converted to F32 (t
 and the same arithmetic width as the embedded engine's float32 here) and the default model's own
 Q4_1 GGUF (the base model, 4-bit weights: not the same arithmetic; the speed a user gets).
 Every contender is timed on a quiet machine: the peers' threads spin a while after a call (vLLM's
-made the next egrm fork 2.3x slower here), so each call is followed by a cool-down, untimed.
+made the next egrm fork 2.3x slower here), so each call is followed by a cool-down, untimed. One
+suite per egrm dtype (the serving one, then float32), each with its engine alone in this process
+and the peers timed again beside it: two embedded engines in one process made each 1.9x slower.
 
 End to end: items/s of one-item short-path /v1/rewards requests at concurrency 1 and 16, for
 `egrm serve` on its embedded engine and `egrm serve` in front of llama-server (the F32 judge) and
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -55,6 +58,9 @@ from loadtest.serverproc import VLLM_VERSION, free_port, llama_server, running_s
 NEW_TOKENS = 16
 COOL_DOWN_S = 2.0  # after a call: vLLM's and llama-server's threads spin a while
 VLLM_NAME = "judge"
+# A fresh head for every call in this process, across the suites of both dtypes: the peers keep
+# their prompt caches from one suite to the next.
+_PROMPTS = itertools.count()
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -64,23 +70,21 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def fork_suite(
-    engines: dict[str, EmbeddedEngine], urls: dict[str, str], vllm: str, rounds: int, prompt_tokens: int
+    engine: EmbeddedEngine, urls: dict[str, str], vllm: str, rounds: int, prompt_tokens: int
 ) -> dict[str, Any]:
-    """Every contender on a prompt of its own each round (no cache hits across rounds), interleaved,
-    each after a cool-down."""
-    engine = next(iter(engines.values()))  # for the tokenizer: one model, one template
+    """egrm's engine (the only one in this process) and every peer, each on a prompt of its own each
+    round (no cache hits across rounds), interleaved, each after a cool-down."""
     loop = asyncio.new_event_loop()
     ladder = [
         BranchParams(temperature=t, top_p=0.95, max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
         for i, t in enumerate(LADDER)
     ]
-    prompts = iter(range(1_000_000))
 
     def prompt() -> list[int]:
         # A fresh head each call: neither side may reuse a prompt it has seen.
-        return [*engine.encode(f"Request {next(prompts)}. "), *make_prompt(engine, prompt_tokens)]
+        return [*engine.encode(f"Request {next(_PROMPTS)}. "), *make_prompt(engine, prompt_tokens)]
 
-    def ours(engine: EmbeddedEngine, params: list[BranchParams]) -> None:
+    def ours(params: list[BranchParams]) -> None:
         out = loop.run_until_complete(engine.sample(prompt(), params))
         assert all(b.completion_tokens == NEW_TOKENS for b in out)
 
@@ -105,12 +109,10 @@ def fork_suite(
         out = loop.run_until_complete(remote.sample(prompt(), params))
         assert all(b.completion_tokens == NEW_TOKENS for b in out)
 
-    contenders: dict[str, Callable[[], None]] = {}
-    for dtype, ours_engine in engines.items():
-        contenders |= {
-            f"egrm_{dtype}_m5": lambda e=ours_engine: ours(e, ladder),
-            f"egrm_{dtype}_one": lambda e=ours_engine: ours(e, ladder[:1]),
-        }
+    contenders: dict[str, Callable[[], None]] = {
+        "egrm_m5": lambda: ours(ladder),
+        "egrm_one": lambda: ours(ladder[:1]),
+    }
     for name, url in urls.items():
         contenders |= {
             f"llama_{name}_ncmpl5": lambda url=url: theirs(url, [0.8], 5),
@@ -133,30 +135,19 @@ def fork_suite(
     loop.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     out: dict[str, Any] = {"rounds": rounds, **{f"median_ms_{k}": round(v * 1000, 1) for k, v in med.items()}}
-    for dtype in engines:
-        out[f"ratio_egrm_{dtype}_m5_vs_one"] = round(med[f"egrm_{dtype}_m5"] / med[f"egrm_{dtype}_one"], 3)
-        for name in urls:
-            out |= {
-                f"ratio_egrm_{dtype}_m5_vs_llama_{name}_ncmpl5": round(
-                    med[f"egrm_{dtype}_m5"] / med[f"llama_{name}_ncmpl5"], 3
-                ),
-                f"ratio_egrm_{dtype}_one_vs_llama_{name}_one": round(
-                    med[f"egrm_{dtype}_one"] / med[f"llama_{name}_one"], 3
-                ),
-            }
-        out |= {
-            f"ratio_egrm_{dtype}_m5_vs_vllm_n5": round(med[f"egrm_{dtype}_m5"] / med["vllm_n5"], 3),
-            f"ratio_egrm_{dtype}_m5_vs_vllm_ladder5": round(med[f"egrm_{dtype}_m5"] / med["vllm_ladder5"], 3),
-            f"ratio_egrm_{dtype}_one_vs_vllm_one": round(med[f"egrm_{dtype}_one"] / med["vllm_one"], 3),
-        }
-    out["ratio_vllm_n5_vs_one"] = round(med["vllm_n5"] / med["vllm_one"], 3)
+
+    def ratio(a: str, b: str) -> float:
+        return round(med[a] / med[b], 3)
+
+    out["ratio_egrm_m5_vs_one"] = ratio("egrm_m5", "egrm_one")
+    for a, b in (("egrm_m5", "vllm_n5"), ("egrm_m5", "vllm_ladder5"), ("egrm_one", "vllm_one")):
+        out[f"ratio_{a}_vs_{b}"] = ratio(a, b)
+    out["ratio_vllm_n5_vs_one"] = ratio("vllm_n5", "vllm_one")
     for name in urls:
-        out |= {
-            f"ratio_llama_{name}_ladder5_vs_ncmpl5": round(
-                med[f"llama_{name}_ladder5"] / med[f"llama_{name}_ncmpl5"], 3
-            ),
-            f"ratio_llama_{name}_ncmpl5_vs_one": round(med[f"llama_{name}_ncmpl5"] / med[f"llama_{name}_one"], 3),
-        }
+        out[f"ratio_egrm_m5_vs_llama_{name}_ncmpl5"] = ratio("egrm_m5", f"llama_{name}_ncmpl5")
+        out[f"ratio_egrm_one_vs_llama_{name}_one"] = ratio("egrm_one", f"llama_{name}_one")
+        out[f"ratio_llama_{name}_ladder5_vs_ncmpl5"] = ratio(f"llama_{name}_ladder5", f"llama_{name}_ncmpl5")
+        out[f"ratio_llama_{name}_ncmpl5_vs_one"] = ratio(f"llama_{name}_ncmpl5", f"llama_{name}_one")
     return out
 
 
@@ -246,15 +237,19 @@ def main() -> None:
     # The serving default (auto: bfloat16 where the CPU has native bf16) and float32, deduplicated.
     dtypes = list(dict.fromkeys([serving, "float32"]))
     path = str(judge_model_path(settings))
-    engines = {d: EmbeddedEngine.load(path, dtype=d, threads=settings.threads) for d in dtypes}
-    try:
-        with ExitStack() as stack:
-            urls = {name: stack.enter_context(llama(g, settings.cache_dir, 5)) for name, g in ggufs.items()}
-            vllm_url = stack.enter_context(vllm(settings, serving))
-            fork = fork_suite(engines, urls, vllm_url, args.rounds, args.prompt_tokens)
-    finally:
-        for engine in engines.values():
-            asyncio.run(engine.close())
+    fork: dict[str, Any] = {}
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(llama(g, settings.cache_dir, 5)) for name, g in ggufs.items()}
+        vllm_url = stack.enter_context(vllm(settings, serving))
+        for dtype in dtypes:
+            # One engine in this process at a time: a second one's model thread brings a second
+            # OpenMP team, and with more OpenMP threads than cores libgomp stops spin-waiting
+            # (measured: one sample 654 ms alone, 1,245 ms beside an idle second engine).
+            engine = EmbeddedEngine.load(path, dtype=dtype, threads=settings.threads)
+            try:
+                fork[dtype] = fork_suite(engine, urls, vllm_url, args.rounds, args.prompt_tokens)
+            finally:
+                asyncio.run(engine.close())
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "cpu_bf16": "avx512_bf16" in Path("/proc/cpuinfo").read_text()},
         "egrm_dtypes": dtypes,
