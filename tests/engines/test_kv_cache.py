@@ -1,7 +1,10 @@
-"""The block manager: prefix blocks shared by reference, keyed heads reused across requests, LRU reuse."""
+"""The block manager: prefix blocks shared by reference, keyed heads reused across requests, LRU reuse.
+The pool: blocks made finite before they are first read, copies kept."""
+
+import torch
 
 from egrm.engines.base import BranchParams
-from egrm.engines.embedded.kv_cache import BlockManager
+from egrm.engines.embedded.kv_cache import BlockManager, KVPool
 from egrm.engines.embedded.sequence import Sequence
 
 
@@ -77,3 +80,19 @@ def test_an_aligned_prompt_forks_without_copies():
     assert blocks.fork(leader, [follower]) == []
     assert follower.blocks == leader.blocks + [spare]  # the spare holds its first new token
     assert blocks.slot(follower, 32) == spare * blocks.block_size
+
+
+def test_the_pool_zeroes_a_block_once_before_it_is_first_read_and_keeps_copies():
+    pool = KVPool(layers=2, kv_heads=1, head_dim=4, blocks=3, block_size=2, dtype=torch.float32, device="cpu")
+    for t in pool.kv:
+        t.fill_(float("nan"))  # what unused memory may hold
+    pool.readable([0])
+    k, v = torch.ones(2, 1, 1, 4).unbind(0)
+    pool.write(0, torch.tensor([0]), k, v)  # slot 0 written, slot 1 (block 0) left zero
+    assert torch.equal(pool.kv[0][:, :, :2], torch.tensor([[[1.0] * 4, [0.0] * 4]] * 2)[:, None])
+    pool.readable([0])  # already finite: what was written stays
+    assert pool.kv[0][0, 0, 0, 0] == 1
+    pool.copy_blocks([(0, 1)])  # a fork's partial block copied into a spare nobody read yet
+    pool.readable([1])
+    assert torch.equal(pool.kv[0][:, :, 2:4], pool.kv[0][:, :, :2])  # the copy is not zeroed
+    assert torch.isnan(pool.kv[1][:, :, 4:]).all()  # block 2: never read, never touched

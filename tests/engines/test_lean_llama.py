@@ -31,28 +31,50 @@ def test_prepacked_linear_equals_f_linear(dtype, rows):
     assert torch.equal(Linear(weight, prepack=False)(x), expected)
 
 
+def _plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q (Q, H, hd), k and v (KVH, U, hd), mask (Q, U): softmax(q k^T / sqrt(hd)) v, the KV heads repeated."""
+    groups = q.shape[1] // k.shape[0]
+    k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)  # (H, U, hd)
+    scores = torch.einsum("qhd,hud->hqu", q, k) / q.shape[-1] ** 0.5
+    weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.einsum("hqu,hud->qhd", weights, v)
+
+
 @pytest.mark.parametrize("rows, queries", [(5, 1), (1, 5), (2, 7)])
-def test_padded_attention_equals_sdpa_row_by_row(rows, queries):
+def test_padded_and_dense_attention_equal_the_plain_formula(rows, queries):
     gen = torch.Generator().manual_seed(queries)
-    heads, kv_heads, slots, hd = 9, 3, 40, 64
-    kv = torch.randn(2, kv_heads, 4 * slots, hd, generator=gen)  # a pool's K and V; each row reads some slots
+    heads, kv_heads, hd, size, blocks = 9, 3, 64, 4, 6
+    kv = torch.randn(2, kv_heads, 40 * size, hd, generator=gen)  # a pool of 40 blocks; each row reads some
     q = torch.randn(rows * queries, heads, hd, generator=gen)  # flat, row after row
-    row_slots = torch.stack([torch.randperm(4 * slots, generator=gen)[:slots] for _ in range(rows)])  # (S, U)
-    mask = torch.rand(rows, queries, slots, generator=gen) < 0.6
-    mask[..., 0] = True  # every query sees at least one slot, as in the engine
+    row_blocks = torch.stack([torch.randperm(40, generator=gen)[:blocks] for _ in range(rows)])  # (S, B)
+    mask = torch.rand(rows, queries, blocks * size, generator=gen) < 0.6
+    mask[..., 0] = True  # every query sees at least one key, as in the engine
     padded = PaddedRows.build(
-        torch.arange(rows * queries),
-        row_slots.flatten(),
-        mask,
-        torch.arange(rows * queries),
-        kv_heads,
-        heads // kv_heads,
+        torch.arange(rows * queries), row_blocks.flatten(), mask, torch.arange(rows * queries), size, torch.float32
     )
+    got = padded.attend(q, kv)
     for s in range(rows):
-        dense = DenseRow(s * queries, (s + 1) * queries, row_slots[s], mask[s][None, None])
-        expected = dense.attend(q, kv)
-        got = padded.attend(q, kv)[s * queries : (s + 1) * queries]
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        slots = (row_blocks[s][:, None] * size + torch.arange(size)).flatten()
+        k, v = kv[0][:, slots], kv[1][:, slots]
+        expected = _plain_attention(q[s * queries : (s + 1) * queries], k, v, mask[s])
+        torch.testing.assert_close(got[s * queries : (s + 1) * queries], expected, rtol=1e-5, atol=1e-5)
+        dense = DenseRow(s * queries, (s + 1) * queries, row_blocks[s], size, mask[s][None, None])
+        torch.testing.assert_close(dense.attend(q, kv), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_slots_of_a_fresh_block_never_reach_the_output():
+    """A row reads whole blocks; slots no token has written are masked, and the pool makes them
+    finite before a block is first read, whatever the memory held (NaN here)."""
+    pool = KVPool(layers=1, kv_heads=1, head_dim=8, blocks=2, block_size=4, dtype=torch.float32, device="cpu")
+    pool.kv[0].fill_(float("nan"))
+    pool.readable([1])
+    k, v = torch.randn(2, 1, 1, 8).unbind(0)  # one token written at slot 4 (block 1)
+    pool.write(0, torch.tensor([4]), k, v)
+    mask = torch.tensor([[True, False, False, False]])  # it sees itself only
+    row = DenseRow(0, 1, torch.tensor([1]), 4, mask[None, None])
+    out = row.attend(torch.randn(1, 1, 8), pool.kv[0])
+    torch.testing.assert_close(out, v)  # one visible key: the output is its value
+    assert torch.isnan(pool.kv[0][:, :, :4]).all()  # a block nobody read is left as it was
 
 
 @pytest.mark.slow
@@ -64,8 +86,9 @@ def test_prepacked_forward_gives_the_same_logits(model_path):
     outs = []
     for lean in (fast, plain):
         pool = KVPool(len(lean.layers), lean.kv_heads, lean.head_dim, 1, 16, lean.dtype, lean.device)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        attention = [DenseRow(0, n, torch.arange(n), causal)]
+        pool.readable([0])
+        causal = torch.ones(n, 16, dtype=torch.bool).tril()[None, None]  # the block's 16 keys
+        attention = [DenseRow(0, n, torch.tensor([0]), 16, causal)]
         outs.append(
             lean.forward(StepInputs(ids, torch.arange(n), torch.arange(n), attention, torch.tensor([n - 1])), pool)
         )

@@ -15,6 +15,7 @@ blocks are reused least recently freed first, so the heads that come back most s
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -136,9 +137,24 @@ class KVPool:
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, blocks: int, block_size: int, dtype, device):
         shape = (2, kv_heads, blocks * block_size, head_dim)
-        # Not zeroed: a slot is read only after it is written (the forward gathers written slots only).
+        # Not zeroed here (that would commit all of the budget's memory at start): see readable().
         self.kv = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.block_size = block_size
+        self._finite = [False] * blocks  # whether a block's every slot holds a finite value
+
+    def readable(self, blocks: Iterable[int]) -> None:
+        """Zero the blocks among these that were never used. The forward reads whole blocks; the
+        slots past a sequence's last token are masked out, but must be finite (0 x NaN is NaN).
+        Once zeroed a block stays finite: what a step writes into it is K and V."""
+        fresh = [b for b in blocks if not self._finite[b]]
+        if not fresh:
+            return
+        for b in fresh:
+            self._finite[b] = True
+        index = torch.tensor(fresh, device=self.kv[0].device)
+        for t in self.kv:
+            two, kv_heads, slots, hd = t.shape
+            t.view(two, kv_heads, slots // self.block_size, self.block_size, hd).index_fill_(2, index, 0)
 
     @staticmethod
     def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -156,3 +172,5 @@ class KVPool:
         dst = torch.tensor([b * size + i for _, b in pairs for i in range(size)], device=device)
         for t in self.kv:
             t.index_copy_(2, dst, t.index_select(2, src))
+        for source, destination in pairs:  # a copy of a block a step has read: finite, not to be zeroed
+            self._finite[destination] = self._finite[source]

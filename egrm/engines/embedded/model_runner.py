@@ -28,43 +28,44 @@ class Layout(str, Enum):
 
 
 class _Row:
-    """The keys one attention row reads (every block of its sequences, once) and its queries."""
+    """The keys one attention row reads (every block of its sequences, once, whole) and its queries."""
 
     def __init__(self, chunks: list[Chunk], blocks: BlockManager):
-        size = blocks.block_size
         self.chunks = chunks
-        self.slots: list[int] = []  # pool slot of each key
-        self.positions: list[int] = []  # the key's position in its sequence(s)
-        self.owner: list[int] = []  # the key's block
+        self.size = blocks.block_size
+        self.blocks: list[int] = []  # the pool blocks its keys are read from
+        self.first: list[int] = []  # the position of each block's first token in its sequence(s)
         seen: set[int] = set()
         for c in chunks:
-            end = c.seq.computed + c.tokens  # its KV after this step's writes
-            for j in range(blocks.blocks_for(end)):
+            for j in range(blocks.blocks_for(c.seq.computed + c.tokens)):  # its KV after this step's writes
                 block = c.seq.blocks[j]
                 if block in seen:  # shared blocks are full and at the same place in every sequence
                     continue
                 seen.add(block)
-                n = min(size, end - j * size)
-                self.slots += range(block * size, block * size + n)
-                self.positions += range(j * size, j * size + n)
-                self.owner += [block] * n
+                self.blocks.append(block)
+                self.first.append(j * self.size)
 
     @property
     def queries(self) -> int:
         return sum(c.tokens for c in self.chunks)
 
+    @property
+    def keys(self) -> int:
+        return len(self.blocks) * self.size
+
     def mask(self) -> torch.Tensor:
-        """(Q, U) bool: a query sees the keys of its own sequence's blocks, up to its position."""
-        positions = torch.tensor(self.positions)
+        """(Q, U) bool: a query sees the keys of its own sequence's blocks, up to its position
+        (so never a slot past its sequence's last token)."""
+        positions = (torch.tensor(self.first)[:, None] + torch.arange(self.size)).flatten()
         q_pos = torch.tensor([p for c in self.chunks for p in range(c.seq.computed, c.seq.computed + c.tokens)])
         causal = positions[None, :] <= q_pos[:, None]
         if len(self.chunks) == 1:
             return causal
         widest = max(len(c.seq.blocks) for c in self.chunks)
         tables = torch.tensor([c.seq.blocks + [-1] * (widest - len(c.seq.blocks)) for c in self.chunks])
-        member = (torch.tensor(self.owner)[None, :, None] == tables[:, None, :]).any(-1)  # (chunks, U)
+        member = (torch.tensor(self.blocks)[None, :, None] == tables[:, None, :]).any(-1)  # (chunks, B)
         which = torch.tensor([i for i, c in enumerate(self.chunks) for _ in range(c.tokens)])
-        return member[which] & causal
+        return member[which].repeat_interleave(self.size, dim=1) & causal
 
 
 class LeanRunner:
@@ -80,6 +81,7 @@ class LeanRunner:
 
     def inputs(self, chunks: Seq[Chunk]) -> StepInputs:
         rows = [_Row(group, self.blocks) for group in self._groups(chunks)]
+        self.pool.readable(b for r in rows for b in r.blocks)
         # Rows of few queries are batched by their count rounded up to a power of two: a decode
         # row padded to a prompt tail's 20 queries would do 20 times its work (over every key).
         buckets: dict[int, list[_Row]] = {}
@@ -106,8 +108,8 @@ class LeanRunner:
             attention.append(self._padded(buckets[width], at))
             at += sum(r.queries for r in buckets[width])
         for row in many:
-            keys = torch.tensor(row.slots, device=device)
-            attention.append(DenseRow(at, at + row.queries, keys, row.mask()[None, None].to(device)))
+            keys = torch.tensor(row.blocks, device=device)
+            attention.append(DenseRow(at, at + row.queries, keys, row.size, row.mask()[None, None].to(device)))
             at += row.queries
         wanted = [start[c.seq.id] + c.tokens - 1 for c in chunks if c.completes]
         return StepInputs(
@@ -128,28 +130,29 @@ class LeanRunner:
 
     def _padded(self, rows: list[_Row], flat: int) -> PaddedRows:
         """rows whose queries are flat tokens [flat, ...), in order."""
-        S, Q, U = len(rows), max(r.queries for r in rows), max(len(r.slots) for r in rows)
-        mask = torch.zeros(S, Q, U, dtype=torch.bool)
+        S, Q, B = len(rows), max(r.queries for r in rows), max(len(r.blocks) for r in rows)
+        size = rows[0].size
+        mask = torch.zeros(S, Q, B * size, dtype=torch.bool)
         mask[:, :, 0] = True  # padding queries see one key, so no softmax is over nothing
         query_index = torch.full((S, Q), flat, dtype=torch.long)
-        key_slots = torch.empty(S, U, dtype=torch.long)
+        key_blocks = torch.empty(S, B, dtype=torch.long)
         out_index: list[int] = []
         for s, row in enumerate(rows):
-            q, u = row.queries, len(row.slots)
-            mask[s, :q, :u] = row.mask()
+            q, b = row.queries, len(row.blocks)
+            mask[s, :q, : row.keys] = row.mask()
             query_index[s, :q] = torch.arange(flat, flat + q)
-            key_slots[s, :u] = torch.tensor(row.slots)
-            key_slots[s, u:] = row.slots[0]  # padding keys: a written slot, masked out
+            key_blocks[s, :b] = torch.tensor(row.blocks)
+            key_blocks[s, b:] = row.blocks[0]  # padding keys: a block the row reads, masked out
             out_index += range(s * Q, s * Q + q)
             flat += q
-        lean, device = self.lean, self.lean.device
+        device = self.lean.device
         return PaddedRows.build(
             query_index.flatten().to(device),
-            key_slots.flatten().to(device),
+            key_blocks.flatten().to(device),
             mask.to(device),
             torch.tensor(out_index, device=device),
-            lean.kv_heads,
-            lean.heads // lean.kv_heads,
+            size,
+            self.lean.dtype,
         )
 
 
