@@ -40,10 +40,13 @@ from egrm.engines.embedded.sequence import Job, Sequence, Status
 # requests would each advance a few tokens a step and all finish late.
 MIN_CHUNK = 128
 # A step's budget counts what a token costs: its share of the weights, plus its attention over
-# the context. A query among few (a decode) attends by fp32 batched matmuls, and over this many
-# keys it costs as much again (measured here: 65 such tokens over 3,800 keys took 0.5 s, as long
-# as 1,000 prompt tokens over a short context); a prompt chunk goes to SDPA's flash kernel, eight
-# times cheaper per key.
+# the context. A query among few (a decode) costs as much again over this many keys, a prompt
+# chunk's query over eight times as many. Set when decode attention ran as fp32 batched matmuls
+# (65 decodes over 3,800 keys took 0.5 s, as long as 1,000 prompt tokens over a short context).
+# Since it runs as one SDPA call over whole blocks, a decode's key costs about half that (bf16,
+# 4 branch rows of 16 queries over 3,840 keys: 4.2 against 7.9 ms a layer) and three times a
+# prompt chunk's; the constants were kept, tuned with STEP_SHARE on bench_hostile: they now
+# overcharge long-context decodes, which keeps such a request's steps shorter than the budget.
 ATTENTION_KEYS = 256
 # A request's share of a step while another request has live work is at least this many budget
 # units (a decode step costs about as much time here as 50 prompt tokens: its pass over the weights),
