@@ -46,10 +46,31 @@ def test_temperature_flattens():
 
 
 def test_flat_distribution_falls_back_to_the_full_vocabulary(monkeypatch):
-    monkeypatch.setattr(sampler, "_TOP_K", 4)
-    logits = torch.zeros(1, 100)  # uniform over 100 tokens: top-4 holds 4% < top_p
+    monkeypatch.setattr(sampler, "_TOP_KS", (4, 16))
+    logits = torch.zeros(1, 100)  # uniform over 100 tokens: top-4 holds 4%, top-16 16% < top_p
     token = sample(logits, torch.ones(1), torch.ones(1), torch.tensor([0.995])).item()
-    assert token not in logits.topk(4).indices.tolist()[0]
+    assert token not in logits.topk(16).indices.tolist()[0]
+
+
+def test_a_row_draws_the_same_whatever_rows_are_beside_it(monkeypatch):
+    """Only the rows whose nucleus reaches past the top-K search wider; a peaked row draws from
+    its top-K alone whether or not a flat row shares its batch (before, every row then searched
+    the whole vocabulary)."""
+    monkeypatch.setattr(sampler, "_TOP_KS", (4, 16))
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.full((100,), -20.0)
+    peaked[[3, 50, 71]] = torch.tensor([2.0, 1.0, 0.5])  # its nucleus: three tokens
+    flat = torch.zeros(100)  # its nucleus: 95 tokens, found only in the whole vocabulary
+    uniforms = torch.rand(64, generator=gen)
+    alone = [sample(peaked[None], torch.ones(1), torch.tensor([0.95]), u[None]).item() for u in uniforms]
+    together = [
+        sample(torch.stack([flat, peaked]), torch.ones(2), torch.full((2,), 0.95), torch.stack([u, u]))
+        for u in uniforms
+    ]
+    assert [t[1].item() for t in together] == alone
+    assert set(alone) <= {3, 50, 71} and len(set(alone)) > 1
+    # The flat row beside it still draws from its whole nucleus (95 of 100 tokens).
+    assert len({t[0].item() for t in together}) > 16
 
 
 def test_masked_tokens_are_never_drawn():
@@ -57,3 +78,17 @@ def test_masked_tokens_are_never_drawn():
     logits[0, :8] = float("-inf")
     for u in (0.0, 0.3, 0.7, 0.999):
         assert sample(logits, torch.ones(1), torch.ones(1), torch.tensor([u])).item() in (8, 9)
+
+
+def test_the_log_normaliser_equals_logsumexp_over_a_wide_range():
+    """It clamps terms below e^-87 (torch's exp is ~30x slower past them): the same float32 sums."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(8, 49152, generator=gen) * 20  # divided by a temperature: spans hundreds
+    logits[0, :100] = float("-inf")  # a constrained row's masked tokens
+    torch.testing.assert_close(
+        sampler.log_normaliser(logits), torch.logsumexp(logits, -1, keepdim=True), rtol=0, atol=0
+    )
+    # With a temperature, scaled after the shift (no scaled copy of the vocabulary): float32 rounding.
+    scale = torch.tensor([1 / 0.6, 1 / 0.7, 1 / 0.8, 1 / 0.9, 1.0, 2.0, 10.0, 1e5])[:, None]
+    expected = torch.logsumexp(logits * scale, -1, keepdim=True)
+    torch.testing.assert_close(sampler.log_normaliser(logits, scale), expected, rtol=1e-6, atol=0)

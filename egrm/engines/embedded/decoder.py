@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from egrm.engines.embedded.constraint import TrieNode
-from egrm.engines.embedded.sampler import sample
+from egrm.engines.embedded.sampler import log_normaliser, sample
 from egrm.engines.embedded.sequence import Sequence
 
 
@@ -54,7 +54,7 @@ def _draw(
 def _logprobs(logits: torch.Tensor, picked: torch.Tensor, allowed_of: dict[int, list[int]]) -> list[float]:
     """Log-probability (T=1) of each drawn token in the distribution its row draws from: the whole
     vocabulary, or only the allowed tokens of a constrained row (so P(Yes) + P(No) = 1)."""
-    norm = torch.logsumexp(logits, dim=-1)  # (rows,)
+    norm = log_normaliser(logits).squeeze(-1)  # (rows,)
     for row, allowed in allowed_of.items():
         norm[row] = torch.logsumexp(logits[row, allowed], dim=-1)
     return (logits.gather(1, picked[:, None]).squeeze(1) - norm).tolist()

@@ -4,36 +4,70 @@ from __future__ import annotations
 
 import torch
 
-# The nucleus is searched inside the top-K tokens first; sorting the whole 49k vocabulary per
-# step costs as much as a model step on CPU. When the top-K mass of some row does not reach its
-# top_p, that call falls back to the full sort, so the result is exact either way.
-_TOP_K = 256
+# The nucleus is searched inside each row's top-K tokens first, then, for the rows whose top-K
+# mass does not reach their top_p, inside a wider top-K, and only then in the whole vocabulary.
+# Measured here (49k vocabulary, fp32, 2 threads): top-256 of 80 rows 7 ms, top-4096 24 ms, a full
+# sort 124 ms. Each row's draw is exact and its own: it does not depend on the rows beside it.
+_TOP_KS = (256, 4096)
+# torch's CPU exp takes ~30x longer on inputs below about -87 (results under float32's smallest
+# normal): measured here, 3.9M values in [-100, 0] 25 ms, in [-87, 0] 0.8 ms. Logits divided by a
+# temperature easily span that much, so the log-normaliser clamps there first. Each clamped term
+# adds at most e^-87 (1.6e-38) to a sum of at least 1: the same float32 result.
+_EXP_FLOOR = -87.0
 
 
-def _nucleus_pick(scaled: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor, k: int) -> torch.Tensor:
-    """Inverse-CDF sampling in the top-p nucleus of each row; returns [M] token ids."""
-    log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)  # [M, 1]
-    top_vals, top_ids = scaled.topk(min(k, scaled.shape[-1]), dim=-1)  # [M, K], sorted
-    probs = (top_vals - log_norm).exp()  # exact probabilities of the K best tokens
-    cum = probs.cumsum(-1)
-    if k < scaled.shape[-1] and bool((cum[:, -1] < top_ps).any()):
-        return _nucleus_pick(scaled, top_ps, uniforms, scaled.shape[-1])
+def log_normaliser(logits: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """logsumexp(logits * scale) over the last axis, keeping it: [rows, 1]. scale: [rows, 1]
+    (1 / temperature), applied to the shifted logits so that no scaled copy of the vocabulary is
+    made (at 80 rows each full-vocabulary temporary is 16 MB of fresh pages a step)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    shifted = logits - top
+    if scale is not None:
+        shifted.mul_(scale)
+        top = top * scale
+    return top + shifted.clamp_min_(_EXP_FLOOR).exp_().sum(dim=-1, keepdim=True).log_()
+
+
+def _pick(
+    probs: torch.Tensor, cum: torch.Tensor, ids: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Inverse-CDF draw among the best tokens (probs sorted, cum their running sum); [rows] ids."""
     # Keep a token while the mass before it is below top_p (the best token is always kept).
     probs = probs * ((cum - probs) < top_ps[:, None])
     kept = probs.cumsum(-1)
     target = (uniforms * kept[:, -1]).unsqueeze(-1)
     pick = torch.searchsorted(kept, target, right=True).clamp_max(kept.shape[-1] - 1)
-    return top_ids.gather(-1, pick).squeeze(-1)
+    return ids.gather(-1, pick).squeeze(-1)
+
+
+def _nucleus_pick(
+    logits: torch.Tensor, scale: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor, widths: tuple[int, ...]
+) -> torch.Tensor:
+    """Inverse-CDF sampling in the top-p nucleus of each row of logits * scale; [M] token ids.
+    The best tokens are the same at any temperature: they are found in the logits themselves."""
+    vocab = logits.shape[-1]
+    k = min(widths[0], vocab) if widths else vocab
+    log_norm = log_normaliser(logits, scale)  # [M, 1]
+    top_vals, top_ids = logits.topk(k, dim=-1)  # [M, k], sorted
+    probs = (top_vals * scale - log_norm).exp()  # exact probabilities of the k best tokens
+    cum = probs.cumsum(-1)
+    picked = _pick(probs, cum, top_ids, top_ps, uniforms)
+    if k < vocab:
+        wider = (cum[:, -1] < top_ps).nonzero().squeeze(1)  # rows whose nucleus reaches past the k
+        if wider.numel():
+            picked[wider] = _nucleus_pick(logits[wider], scale[wider], top_ps[wider], uniforms[wider], widths[1:])
+    return picked
 
 
 def sample(
     logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor
 ) -> torch.Tensor:
     """Draw one token per row of logits [M, V] (float32); temperature 0 rows are greedy."""
-    greedy = logits.argmax(dim=-1)
     hot = temperatures > 0
     if not bool(hot.any()):
-        return greedy
-    scaled = logits / temperatures.clamp_min(1e-5)[:, None]
-    drawn = _nucleus_pick(scaled, top_ps, uniforms, _TOP_K)
-    return torch.where(hot, drawn, greedy)
+        return logits.argmax(dim=-1)
+    scale = temperatures.clamp_min(1e-5).reciprocal()[:, None]
+    drawn = _nucleus_pick(logits, scale, top_ps, uniforms, _TOP_KS)
+    if bool(hot.all()):  # argmax over the vocabulary costs a third of the draw: only where needed
+        return drawn
+    return torch.where(hot, drawn, logits.argmax(dim=-1))
