@@ -40,25 +40,30 @@ def _plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return torch.einsum("hqu,hud->qhd", weights, v)
 
 
-@pytest.mark.parametrize("rows, queries", [(5, 1), (1, 5), (2, 7)])
-def test_padded_and_dense_attention_equal_the_plain_formula(rows, queries):
-    gen = torch.Generator().manual_seed(queries)
+@pytest.mark.parametrize("counts", [[1] * 5, [5], [7, 7], [3, 1, 2]])
+def test_padded_and_dense_attention_equal_the_plain_formula(counts):
+    """Rows of `counts` queries each, after two tokens of another row in the flat order; padded
+    to the widest row where they differ."""
+    gen = torch.Generator().manual_seed(sum(counts))
     heads, kv_heads, hd, size, blocks = 9, 3, 64, 4, 6
+    rows, widest, before = len(counts), max(counts), 2
     kv = torch.randn(2, kv_heads, 40 * size, hd, generator=gen)  # a pool of 40 blocks; each row reads some
-    q = torch.randn(rows * queries, heads, hd, generator=gen)  # flat, row after row
+    q = torch.randn(before + sum(counts), heads, hd, generator=gen)  # flat, row after row
     row_blocks = torch.stack([torch.randperm(40, generator=gen)[:blocks] for _ in range(rows)])  # (S, B)
-    mask = torch.rand(rows, queries, blocks * size, generator=gen) < 0.6
+    mask = torch.rand(rows, widest, blocks * size, generator=gen) < 0.6
     mask[..., 0] = True  # every query sees at least one key, as in the engine
-    padded = PaddedRows.build(
-        torch.arange(rows * queries), row_blocks.flatten(), mask, torch.arange(rows * queries), size, torch.float32
-    )
+    starts = [before + sum(counts[:s]) for s in range(rows)]
+    query_index = torch.tensor([starts[s] + min(i, counts[s] - 1) for s in range(rows) for i in range(widest)])
+    out_index = torch.tensor([s * widest + i for s in range(rows) for i in range(counts[s])])
+    padded = PaddedRows.build(query_index, row_blocks.flatten(), mask, out_index, size, torch.float32)
     got = padded.attend(q, kv)
     for s in range(rows):
         slots = (row_blocks[s][:, None] * size + torch.arange(size)).flatten()
         k, v = kv[0][:, slots], kv[1][:, slots]
-        expected = _plain_attention(q[s * queries : (s + 1) * queries], k, v, mask[s])
-        torch.testing.assert_close(got[s * queries : (s + 1) * queries], expected, rtol=1e-5, atol=1e-5)
-        dense = DenseRow(s * queries, (s + 1) * queries, row_blocks[s], size, mask[s][None, None])
+        mine = slice(starts[s], starts[s] + counts[s])
+        expected = _plain_attention(q[mine], k, v, mask[s, : counts[s]])
+        torch.testing.assert_close(got[mine.start - before : mine.stop - before], expected, rtol=1e-5, atol=1e-5)
+        dense = DenseRow(mine.start, mine.stop, row_blocks[s], size, mask[s, : counts[s]][None, None])
         torch.testing.assert_close(dense.attend(q, kv), expected, rtol=1e-5, atol=1e-5)
 
 
