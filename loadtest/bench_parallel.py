@@ -130,7 +130,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: the fetched default)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="as EGRM_DTYPE")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--long-rounds", type=int, default=1, help="rounds at 2,000 tokens (~75 s each on 2 cores)")
+    parser.add_argument(
+        "--long-rounds", type=int, default=1, help="rounds at 2,000 tokens (~75 s each on 2 cores); 0 skips them"
+    )
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="as EGRM_DEVICE")
     args = parser.parse_args()
@@ -141,7 +143,8 @@ def main() -> None:
     threads = engine.run_on_model_thread(torch.get_num_threads)
     result: dict[str, Any] = {"m": M, "dtype": engine.dtype, "threads": threads, "forward": engine.forward}
     result["short"] = run_suite(engine, make_prompt(engine, 210), args.new_tokens, args.rounds, warm_all=True)
-    result["long"] = run_suite(engine, make_prompt(engine, 1980), args.new_tokens, args.long_rounds, warm_all=False)
+    if args.long_rounds > 0:
+        result["long"] = run_suite(engine, make_prompt(engine, 1980), args.new_tokens, args.long_rounds, warm_all=False)
     asyncio.run(engine.close())
     print(json.dumps(result))
 
