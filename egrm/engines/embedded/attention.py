@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from egrm.engines.embedded.kv_cache import by_block
+
 # Up to this many queries per row, rows are padded together into one call (PaddedRows).
 FEW_QUERIES = 32
 
@@ -26,9 +28,8 @@ FEW_QUERIES = 32
 def read_blocks(kv: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
     """The K and V of whole pool blocks, in the order given: kv (2, KVH, slots, hd) ->
     (2, KVH, len(blocks) * block_size, hd)."""
-    two, kv_heads, slots, hd = kv.shape
-    by_block = kv.view(two, kv_heads, slots // block_size, block_size, hd)
-    return by_block.index_select(2, blocks).view(two, kv_heads, -1, hd)
+    two, kv_heads, _, hd = kv.shape
+    return by_block(kv, block_size).index_select(2, blocks).view(two, kv_heads, -1, hd)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,13 @@ from egrm.engines.embedded.sequence import Sequence
 BLOCK_SIZE = 16
 
 
+def by_block(kv: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A layer's pool tensor (2, KVH, slots, hd) seen as (2, KVH, blocks, block_size, hd): a view,
+    so whole blocks are gathered, copied or filled with one index along axis 2."""
+    two, kv_heads, slots, hd = kv.shape
+    return kv.view(two, kv_heads, slots // block_size, block_size, hd)
+
+
 def _chain(previous: int, tokens: Seq[int]) -> int:
     # Python's hash of ints and tuples is not salted: the same tokens give the same key all run long.
     return hash((previous, tuple(tokens)))
@@ -153,8 +160,7 @@ class KVPool:
             self._finite[b] = True
         index = torch.tensor(fresh, device=self.kv[0].device)
         for t in self.kv:
-            two, kv_heads, slots, hd = t.shape
-            t.view(two, kv_heads, slots // self.block_size, self.block_size, hd).index_fill_(2, index, 0)
+            by_block(t, self.block_size).index_fill_(2, index, 0)
 
     @staticmethod
     def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -167,10 +173,11 @@ class KVPool:
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        size, device = self.block_size, self.kv[0].device
-        src = torch.tensor([b * size + i for b, _ in pairs for i in range(size)], device=device)
-        dst = torch.tensor([b * size + i for _, b in pairs for i in range(size)], device=device)
+        device = self.kv[0].device
+        src = torch.tensor([b for b, _ in pairs], device=device)
+        dst = torch.tensor([b for _, b in pairs], device=device)
         for t in self.kv:
-            t.index_copy_(2, dst, t.index_select(2, src))
+            blocks = by_block(t, self.block_size)
+            blocks.index_copy_(2, dst, blocks.index_select(2, src))
         for source, destination in pairs:  # a copy of a block a step has read: finite, not to be zeroed
             self._finite[destination] = self._finite[source]

@@ -41,13 +41,18 @@ def _pick(
 
 
 def _nucleus_pick(
-    logits: torch.Tensor, scale: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor, widths: tuple[int, ...]
+    logits: torch.Tensor,
+    scale: torch.Tensor,
+    log_norm: torch.Tensor,
+    top_ps: torch.Tensor,
+    uniforms: torch.Tensor,
+    widths: tuple[int, ...],
 ) -> torch.Tensor:
-    """Inverse-CDF sampling in the top-p nucleus of each row of logits * scale; [M] token ids.
-    The best tokens are the same at any temperature: they are found in the logits themselves."""
+    """Inverse-CDF sampling in the top-p nucleus of each row of logits * scale (log_norm: its
+    log_normaliser, [M, 1]); [M] token ids. The best tokens are the same at any temperature:
+    they are found in the logits themselves."""
     vocab = logits.shape[-1]
     k = min(widths[0], vocab) if widths else vocab
-    log_norm = log_normaliser(logits, scale)  # [M, 1]
     top_vals, top_ids = logits.topk(k, dim=-1)  # [M, k], sorted
     probs = (top_vals * scale - log_norm).exp()  # exact probabilities of the k best tokens
     cum = probs.cumsum(-1)
@@ -55,7 +60,8 @@ def _nucleus_pick(
     if k < vocab:
         wider = (cum[:, -1] < top_ps).nonzero().squeeze(1)  # rows whose nucleus reaches past the k
         if wider.numel():
-            picked[wider] = _nucleus_pick(logits[wider], scale[wider], top_ps[wider], uniforms[wider], widths[1:])
+            rows = (logits[wider], scale[wider], log_norm[wider], top_ps[wider], uniforms[wider])
+            picked[wider] = _nucleus_pick(*rows, widths[1:])
     return picked
 
 
@@ -67,7 +73,7 @@ def sample(
     if not bool(hot.any()):
         return logits.argmax(dim=-1)
     scale = temperatures.clamp_min(1e-5).reciprocal()[:, None]
-    drawn = _nucleus_pick(logits, scale, top_ps, uniforms, _TOP_KS)
+    drawn = _nucleus_pick(logits, scale, log_normaliser(logits, scale), top_ps, uniforms, _TOP_KS)
     if bool(hot.all()):  # argmax over the vocabulary costs a third of the draw: only where needed
         return drawn
     return torch.where(hot, drawn, logits.argmax(dim=-1))
