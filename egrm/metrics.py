@@ -164,6 +164,10 @@ class _EngineCollector(Collector):
                 s.background_steps,
             ),
             "egrm_engine_background_tokens": ("Tokens those steps computed for it.", s.background_tokens),
+            "egrm_engine_spare_tokens": (
+                "Tokens computed for spare work (the long path's spare candidates) in rows a step had to spare.",
+                s.spare_tokens,
+            ),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

@@ -75,14 +75,36 @@ class WorkTag:
     waited: Callable[[], bool]
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class SpareTag:
+    """The tag of work that may turn out not to be needed: the long path's spare candidates,
+    reasoned while the first one is read and scored. `tag` is the call's own tag; until `needed()`
+    says the caller waits for the work, an engine that schedules runs it only where a step has rows
+    to spare (beside little live work an extra row costs a small part of the pass over the
+    weights), and gives up its KV before live work does. Then it is live work like any other.
+    An engine that cannot rank work (a remote one) runs it as live work."""
+
+    tag: object
+    needed: Callable[[], bool]
+
+
 def request_of(tag: object) -> object:
     """The client request a call's tag names (the engine's unit of fairness)."""
+    if isinstance(tag, SpareTag):
+        return request_of(tag.tag)
     return tag.request if isinstance(tag, WorkTag) else tag
 
 
 def is_background(tag: object) -> bool:
     """Whether nobody waits for a call's work any more."""
+    if isinstance(tag, SpareTag):
+        return is_background(tag.tag)
     return isinstance(tag, WorkTag) and not tag.waited()
+
+
+def is_spare(tag: object) -> bool:
+    """Whether a call's work may still turn out not to be needed (SpareTag)."""
+    return isinstance(tag, SpareTag) and not tag.needed()
 
 
 @dataclass(slots=True)
@@ -100,6 +122,7 @@ class EngineStats:
     gc_released: int = 0  # branches whose KV the garbage collector freed: their caller never released them
     background_steps: int = 0  # steps that computed work nobody waited for (WorkTag), beside or after live work
     background_tokens: int = 0  # tokens those steps computed for it
+    spare_tokens: int = 0  # tokens computed for spare work (SpareTag) while nobody needed it yet
 
 
 @runtime_checkable

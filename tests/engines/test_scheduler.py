@@ -1,9 +1,9 @@
 """What a step computes: decodes first, prompt chunks shared among client requests, blocks bounding
 it all; and the scheduler's own update after each step (no model: every drawn token is a 5)."""
 
-from egrm.engines.base import BranchParams, FinishReason, WorkTag
+from egrm.engines.base import BranchParams, FinishReason, SpareTag, WorkTag
 from egrm.engines.embedded.kv_cache import BlockManager
-from egrm.engines.embedded.scheduler import STEP_SHARE, Scheduler, Step
+from egrm.engines.embedded.scheduler import SPARE_ROWS, STEP_SHARE, Scheduler, Step
 from egrm.engines.embedded.sequence import Job, Status
 
 ONE = [BranchParams(temperature=0, max_new_tokens=64)]
@@ -192,3 +192,66 @@ def test_beside_a_small_request_a_big_one_takes_at_most_the_step_share():
         big_tokens = sum(c.tokens for c in step.chunks if c.seq.job.tag == "big")
         assert 0 < big_tokens <= STEP_SHARE, [(c.seq.job.tag, c.tokens) for c in step.chunks]
     assert len(steps) <= 10  # its prompt in a step, then its decodes: it is not queued behind the big one
+
+
+def test_spare_work_rides_in_rows_a_step_has_to_spare_and_is_live_once_needed():
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=512)
+    needed = Waited()
+    needed.waiters = 0
+    decode = [BranchParams(temperature=0, max_new_tokens=64)]
+    window = job(40, "request", params=decode)
+    spares = job(40, SpareTag("request", needed), branches=4, params=decode)
+    scheduler.add(window)
+    scheduler.add(spares)
+    run(scheduler)  # both prompts: five rows, fewer than a step has to spare
+    step = run(scheduler)
+    assert {c.seq for c in step.chunks} == {*window.sequences, *spares.sequences} and step.spare_tokens == 4
+    # Live rows fill the steps (other clients' requests): the spares wait, holding their blocks.
+    crowd = [job(20, f"client {i}", params=decode) for i in range(SPARE_ROWS)]
+    for j in crowd:
+        scheduler.add(j)
+    run(scheduler)
+    for _ in range(3):
+        step = run(scheduler)
+        assert step.spare_tokens == 0 and not {c.seq for c in step.chunks} & set(spares.sequences)
+    needed.waiters = 1  # the window did not decide: the caller waits for them now, as live work
+    step = run(scheduler)
+    assert set(spares.sequences) <= {c.seq for c in step.chunks} and step.spare_tokens == 0
+
+
+def test_spare_work_gives_up_its_blocks_before_live_work():
+    blocks = BlockManager(10, prefix_cache=False)  # 160 tokens
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=4096)
+    needed = Waited()
+    needed.waiters = 0
+    spare = job(120, SpareTag("request", needed))  # 8 blocks
+    scheduler.add(spare)
+    run(scheduler)
+    live = job(60, "other")  # 4 blocks: only if the spare gives some back
+    scheduler.add(live)
+    step = run(scheduler)
+    assert [c.seq for c in step.chunks] == [live.sequences[0]]
+    assert spare.sequences[0].status is Status.WAITING and scheduler.preempted == 1
+
+
+def test_spare_work_may_take_held_branches_kv_but_never_a_running_sequences():
+    blocks = BlockManager(10, prefix_cache=False)  # 160 tokens
+    scheduler = Scheduler(blocks, max_batch_branches=128, max_batch_tokens=4096)
+    finished = job(100, "earlier", params=[BranchParams(temperature=0, max_new_tokens=1)])  # 7 blocks
+    scheduler.add(finished)
+    run(scheduler)
+    assert finished.sequences[0].status is Status.FINISHED and blocks.free == 3  # held: it might be continued
+    needed = Waited()
+    needed.waiters = 0
+    spare = job(60, SpareTag("request", needed))  # 4 blocks: only if the held branch gives its KV up
+    scheduler.add(spare)
+    step = run(scheduler)
+    assert [c.seq for c in step.chunks] == spare.sequences and not finished.sequences[0].blocks
+    # A running sequence keeps its blocks: the spare waits for them instead.
+    live = job(80, "live", params=[BranchParams(temperature=0, max_new_tokens=64)])  # 5 blocks of the 6 left
+    scheduler.add(live)
+    other = job(60, SpareTag("request", needed))  # 4 more: only by preempting someone
+    scheduler.add(other)
+    for _ in range(3):
+        run(scheduler)
+    assert other.sequences[0].status is Status.WAITING and live.sequences[0].status is Status.RUNNING

@@ -111,4 +111,5 @@ class EngineCore:
         background = plan.background_tokens
         self.stats.background_steps += background > 0
         self.stats.background_tokens += background
+        self.stats.spare_tokens += plan.spare_tokens
         return out.finished

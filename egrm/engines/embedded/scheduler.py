@@ -5,7 +5,8 @@ A step is planned here (plan), run by the model runner, and its drawn tokens com
 this file, the home of the sequences' lifecycle (nano-vllm's Scheduler.schedule / postprocess).
 
 Planning: decodes first, then prompt chunks shared among client requests, within a token budget and
-the KV pool's free blocks; work nobody waits for any more only when no live work is to be done.
+the KV pool's free blocks; spare work (which may turn out unneeded) only in rows a step has to spare;
+work nobody waits for any more only when no live work is to be done.
 
 - Decodes: every running sequence whose last sampled token is not computed yet gets one token.
   When the pool has no block left, a finished branch that is only held (the long path might
@@ -31,7 +32,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
-from egrm.engines.base import FinishReason, is_background, request_of
+from egrm.engines.base import FinishReason, is_background, is_spare, request_of
 from egrm.engines.embedded.attention import FEW_QUERIES
 from egrm.engines.embedded.kv_cache import BlockManager
 from egrm.engines.embedded.sequence import Job, Sequence, Status
@@ -52,6 +53,13 @@ ATTENTION_KEYS = 256
 # units (a decode step costs about as much time here as 50 prompt tokens: its pass over the weights),
 # so a big request keeps moving beside small ones at most doubling their steps.
 STEP_SHARE = 48.0
+# Spare work (SpareTag) rides along while a step computes fewer sequences than this: a decode row
+# costs about 1/50 of the pass over the weights that every step makes (STEP_SHARE), so up to 8
+# rows beside a small request add a few percent to its step. Under load, live rows fill the steps
+# and spare work waits; it is aborted, never computed, when its caller finds it does not need it.
+SPARE_ROWS = 8
+
+LIVE, SPARE, BACKGROUND = 0, 1, 2  # a sequence's priority: what a step computes first
 
 
 def _cost(seq: Sequence, tokens: int) -> float:
@@ -65,9 +73,18 @@ def _tag(seq: Sequence) -> Any:
     return request_of(seq.job.tag) if seq.job is not None else None
 
 
+def _priority(seq: Sequence) -> int:
+    """LIVE: somebody waits for seq's work; SPARE: it may turn out unneeded; BACKGROUND: nobody
+    waits for it any more."""
+    if seq.job is None:
+        return LIVE
+    if is_background(seq.job.tag):
+        return BACKGROUND
+    return SPARE if is_spare(seq.job.tag) else LIVE
+
+
 def _live(seq: Sequence) -> bool:
-    """Whether somebody still waits for seq's work (else it is background work)."""
-    return seq.job is None or not is_background(seq.job.tag)
+    return _priority(seq) == LIVE
 
 
 @dataclass(slots=True)
@@ -82,7 +99,12 @@ class Step:
     @property
     def background_tokens(self) -> int:
         """Tokens computed for work nobody waits for."""
-        return sum(c.tokens for c in self.chunks if not _live(c.seq))
+        return sum(c.tokens for c in self.chunks if _priority(c.seq) == BACKGROUND)
+
+    @property
+    def spare_tokens(self) -> int:
+        """Tokens computed for work nobody needs yet."""
+        return sum(c.tokens for c in self.chunks if _priority(c.seq) == SPARE)
 
 
 @dataclass(slots=True)
@@ -228,18 +250,22 @@ class Scheduler:
 
     def schedule(self) -> list[Chunk]:
         """Live work: its decodes, then its prompt chunks, each request's share of the step bounded
-        by what the smallest one needs (see _share_cap). Work nobody waits for (a question's work
+        by what the smallest one needs (see _share_cap). Spare work fills the rows a step has to
+        spare (SPARE_ROWS), in the blocks that are free. Work nobody waits for (a question's work
         in its grace after a deadline) runs only in a step with no live work, in the blocks that
         are free: beside a live request's decode it would make each of that request's steps as
         long as a full prompt chunk."""
         plan: dict[int, Chunk] = {}
         budget = float(self.max_batch_tokens)
         cap, used = self._share_cap(), defaultdict[Any, float](float)
-        budget = self._plan_decodes(plan, budget, True, cap, used)
-        budget = self._plan_prefills(plan, budget, True, cap, used)
+        budget = self._plan_decodes(plan, budget, LIVE, cap, used)
+        budget = self._plan_prefills(plan, budget, LIVE, cap, used)
+        if len(plan) < SPARE_ROWS:
+            budget = self._plan_decodes(plan, budget, SPARE, None, used, rows=SPARE_ROWS)
+            budget = self._plan_prefills(plan, budget, SPARE, None, used, rows=SPARE_ROWS)
         if not plan:
-            budget = self._plan_decodes(plan, budget, False, None, used)
-            self._plan_prefills(plan, budget, False, None, used)
+            budget = self._plan_decodes(plan, budget, BACKGROUND, None, used)
+            self._plan_prefills(plan, budget, BACKGROUND, None, used)
         return [c for c in plan.values() if c.tokens]
 
     def _share_cap(self) -> float | None:
@@ -263,16 +289,24 @@ class Scheduler:
         return max(STEP_SHARE, min(need.values())) if len(need) > 1 else None
 
     def _plan_decodes(
-        self, plan: dict[int, Chunk], budget: float, live: bool, cap: float | None, used: defaultdict[Any, float]
+        self,
+        plan: dict[int, Chunk],
+        budget: float,
+        priority: int,
+        cap: float | None,
+        used: defaultdict[Any, float],
+        rows: int | None = None,
     ) -> float:
-        """Decodes, requests running fewer sequences first (a one-item request is not behind every
-        branch of a big one), oldest first among equals; a request past its share (cap) decodes one
-        branch this step."""
+        """Decodes of one priority, requests running fewer sequences first (a one-item request is
+        not behind every branch of a big one), oldest first among equals; a request past its share
+        (cap) decodes one branch this step; no more than `rows` sequences in the step."""
         load = Counter(_tag(s) for s in self.running)
-        decodes = [s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1 and _live(s) == live]
+        decodes = [
+            s for s in self.running if s.status is Status.RUNNING and s.uncomputed == 1 and _priority(s) == priority
+        ]
         for seq in sorted(decodes, key=lambda s: load[_tag(s)]):
             cost, tag = _cost(seq, 1), _tag(seq)
-            if plan and cost > budget:
+            if (plan and cost > budget) or (rows is not None and len(plan) >= rows):
                 break
             if cap is not None and used[tag] and used[tag] + cost > cap:
                 continue
@@ -283,19 +317,27 @@ class Scheduler:
         return budget
 
     def _plan_prefills(
-        self, plan: dict[int, Chunk], budget: float, live: bool, cap: float | None, used: defaultdict[Any, float]
+        self,
+        plan: dict[int, Chunk],
+        budget: float,
+        priority: int,
+        cap: float | None,
+        used: defaultdict[Any, float],
+        rows: int | None = None,
     ) -> float:
-        """Prompt chunks: what is left of the budget, shared round-robin among requests, each
-        within its share (cap)."""
+        """Prompt chunks of one priority: what is left of the budget, shared round-robin among
+        requests, each within its share (cap); no more than `rows` sequences in the step."""
         progress = True
         while budget >= 1 and progress:
-            tags = self._tags_with_prefill(plan, live)
+            tags = self._tags_with_prefill(plan, priority)
             share, progress = max(MIN_CHUNK, budget / max(1, len(tags))), False
             for tag in tags:
                 mine = share if cap is None else min(share, cap - used[tag])
                 if mine < 1 and used[tag]:
                     continue
-                nxt = self._next_prefill(tag, plan, live)
+                if rows is not None and len(plan) >= rows:
+                    return budget
+                nxt = self._next_prefill(tag, plan, priority)
                 if nxt is None:
                     continue
                 chunk = plan.setdefault(nxt.id, Chunk(nxt, 0))
@@ -310,11 +352,11 @@ class Scheduler:
                     break
         return budget
 
-    def _tags_with_prefill(self, plan: dict[int, Chunk], live: bool) -> list[Any]:
-        """Requests with prompt tokens to compute (live ones, or background ones), in turn: those
-        already computing a prompt, then those waiting, in order of arrival."""
-        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan) and _live(s) == live]
-        waiting = [tag for tag, queue in self.waiting.items() if any(_live(s) == live for s in queue)]
+    def _tags_with_prefill(self, plan: dict[int, Chunk], priority: int) -> list[Any]:
+        """Requests with prompt tokens of one priority to compute, in turn: those already computing
+        a prompt, then those waiting, in order of arrival."""
+        going = [_tag(s) for s in self.running if s.uncomputed > 1 and self._left(s, plan) and _priority(s) == priority]
+        waiting = [tag for tag, queue in self.waiting.items() if any(_priority(s) == priority for s in queue)]
         return list(dict.fromkeys(going + waiting))
 
     @staticmethod
@@ -322,16 +364,17 @@ class Scheduler:
         chunk = plan.get(seq.id)
         return seq.uncomputed - (chunk.tokens if chunk else 0)
 
-    def _next_prefill(self, tag: Any, plan: dict[int, Chunk], live: bool) -> Sequence | None:
+    def _next_prefill(self, tag: Any, plan: dict[int, Chunk], priority: int) -> Sequence | None:
         """The request's oldest admitted prompt with tokens left this step, else its next waiting one."""
         for seq in self.running:
-            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan) and _live(seq) == live:
+            if _tag(seq) == tag and seq.uncomputed > 1 and self._left(seq, plan) and _priority(seq) == priority:
                 return seq
         queue = self.waiting.get(tag)
-        waiting = next((s for s in queue or () if _live(s) == live), None)
+        waiting = next((s for s in queue or () if _priority(s) == priority), None)
         if queue is None or waiting is None:
             return None
-        admitted = self._admit(waiting) if live else self._admit(waiting, drop_held=False)
+        live = priority == LIVE
+        admitted = self._admit(waiting, drop_held=priority != BACKGROUND)
         if not admitted and not (live and self._admit_starved(waiting, plan)):
             return None
         queue.remove(waiting)
@@ -343,7 +386,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, drop_held: bool = True) -> bool:
         """Give a waiting sequence blocks for all its tokens (and its job's fork spares), if free
-        (drop_held: or freed by dropping held branches' KV; not for background work)."""
+        (drop_held: or freed by dropping held branches' KV; not for background work: spare work
+        may, since without it the request it serves would wait for it later)."""
         job = seq.job
         assert job is not None
         followers = job.sequences[1:] if not job.forked else []
@@ -388,11 +432,13 @@ class Scheduler:
 
     def _room_for(self, seq: Sequence, tokens: int, plan: dict[int, Chunk]) -> bool:
         """Make sure seq can hold `tokens` tokens, preempting sequences not in this step's plan if
-        need be (background ones first, then the youngest); False when seq itself had to be
-        preempted, or is background work and no block is free."""
+        need be (background ones first, then spare ones, then the youngest); False when seq itself
+        had to be preempted, or is not live work and the blocks are not there for it."""
         need = self.blocks.needed(seq, tokens)
-        if not _live(seq) and self.blocks.free < need:
+        if _priority(seq) == BACKGROUND and self.blocks.free < need:
             return False  # it waits for idle blocks: it takes none from anyone
+        if _priority(seq) == SPARE and not self._free_up(need):
+            return False  # it may take held branches' KV (an LRU cache), never a running sequence's
         while not self._free_up(need):
             victim = next(s for s in self._victims() if s.id not in plan)
             self._preempt(victim)
@@ -403,9 +449,9 @@ class Scheduler:
 
     def _victims(self) -> list[Sequence]:
         """Running sequences in the order they give up their blocks: work nobody waits for first,
-        then the youngest admitted (so the oldest finish)."""
+        then spare work, then the youngest admitted (so the oldest finish)."""
         young_first = list(reversed(self.running))
-        return [s for s in young_first if not _live(s)] + [s for s in young_first if _live(s)]
+        return sorted(young_first, key=lambda s: -_priority(s))  # stable: youngest first within a priority
 
     def _free_up(self, blocks: int) -> bool:
         """Drop held branches' KV, least recently finished first, until `blocks` are free."""
