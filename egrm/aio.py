@@ -20,11 +20,11 @@ async def gather_or_cancel(calls: Sequence[Awaitable[T]]) -> list[T]:
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        await _cancel(tasks)
+        await cancel_all(tasks)
         raise
 
 
-async def _cancel(tasks: Sequence[asyncio.Future[T]], reason: str | None = None) -> None:
+async def cancel_all(tasks: Sequence[asyncio.Future[T]], reason: str | None = None) -> None:
     """Cancel the tasks and wait until they have let go of what they hold."""
     for task in tasks:
         task.cancel(reason)
@@ -41,7 +41,7 @@ async def within_deadline(calls: Sequence[Awaitable[T]], timeout_s: float, late:
         if failed is not None:
             raise failed.exception()  # type: ignore[misc]
     except BaseException:
-        await _cancel(tasks)
+        await cancel_all(tasks)
         raise
-    await _cancel(list(pending), DEADLINE)
+    await cancel_all(list(pending), DEADLINE)
     return [late() if t in pending else t.result() for t in tasks]

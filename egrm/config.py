@@ -127,6 +127,16 @@ class Settings(BaseSettings):
     top_p: float = Field(0.95, gt=0.0, le=1.0, description="Default nucleus for every branch.")
     template: Literal["verdict", "score", "pairwise"] = Field("verdict", description="Default judge template.")
     long_max_tokens: int = Field(128, ge=1, le=2048, description="Reasoning tokens per candidate on the long path.")
+    long_accept: float = Field(
+        0.9,
+        ge=0.0,
+        le=1.0,
+        description="Early stop on the long path: when the scorer rates one of the first EGRM_LONG_WINDOW "
+        "candidates at least this, it decides and the others are dropped (they run meanwhile only in rows a step "
+        "has to spare); 0 = every candidate reasons to the end. The score must be a probability of being right "
+        "(the trained scorer's; not the heuristic's).",
+    )
+    long_window: int = Field(1, ge=1, le=MAX_M, description="Candidates that reason first under early stop.")
     max_items: int = Field(256, ge=1, description="Most items in one request.")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above).")
     header_timeout_s: float = Field(

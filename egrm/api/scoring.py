@@ -50,6 +50,8 @@ def resolve_options(options: RewardOptions, settings: Settings, policy: RoutingP
         return_samples=options.return_samples,
         seed=options.seed,
         long_max_tokens=settings.long_max_tokens,
+        long_accept=settings.long_accept,
+        long_window=settings.long_window,
         consensus=ConsensusMode(options.consensus or settings.consensus),
         policy=policy if options.tau is None else None,
     )

@@ -91,6 +91,11 @@ class QuestionWork:
         return len(self.voters)
 
     @property
+    def extra_tokens(self) -> int:
+        """Completion tokens of adaptive M's extra samples (the branches after the M and the greedy one)."""
+        return sum(b.completion_tokens for b in self.branches[self.m + self.has_greedy :])
+
+    @property
     def handles(self) -> list[object]:
         """Every branch it holds: what the engine frees once the work is done with."""
         reasoning = self.reasoned.reasoning if self.reasoned else []
@@ -144,7 +149,8 @@ def restored(
     for branch in work.branches:
         branch.handle = Replayed((*prompt, *branch.token_ids))
     if work.reasoned is not None:
-        for sample, reasoning in zip(work.samples, work.reasoned.reasoning, strict=True):
+        # The first samples reasoned (all of them, or early stop's window): the candidates follow them.
+        for sample, reasoning in zip(work.samples, work.reasoned.reasoning, strict=False):
             reasoning.handle = Replayed((*prompt, *sample.token_ids, *cue_ids, *reasoning.token_ids))
     work.origin = origin
     return work
@@ -170,6 +176,8 @@ def question_key(model: str, prompt_ids: Sequence[int], options: JudgeOptions) -
         "consensus": options.consensus.value,
         "with_exact": options.with_exact,
         "long_max_tokens": options.long_max_tokens,
+        "long_accept": options.long_accept,
+        "long_window": options.long_window,
         "seed": options.seed,
         "policy": options.policy.key if options.policy is not None else None,
         "extra_always": options.extra_always,

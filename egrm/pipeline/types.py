@@ -64,6 +64,10 @@ class JudgeOptions:
     return_samples: bool = False
     seed: int | None = None
     long_max_tokens: int = 128
+    # Early stop on the long path (longpath.py): the first long_window candidates decide alone when
+    # the scorer rates one at least long_accept; 0 = every candidate reasons to the end.
+    long_accept: float = 0.0
+    long_window: int = 1
     consensus: ConsensusMode = ConsensusMode.SAMPLED
     with_exact: bool = False  # estimate the exact consensus even when routing on the sampled one
     policy: RoutingPolicy | None = None  # routes the auto path instead of tau (routing.py)
@@ -166,6 +170,7 @@ class ItemResult:
     extended: ExtendedVote | None = None  # the vote with adaptive M's extra samples, when they were drawn
     majority_answer: str | None = None  # the short path's verdict from the vote, when it was asked for
     samples_drawn: int = 0  # answer-only samples drawn: M, and adaptive M's extra ones
+    extra_tokens: int = 0  # completion tokens of adaptive M's extra samples (of usage's, where it computed them)
     samples: list[Sample] | None = None
     candidates: list[ScoredCandidate] | None = None
     degraded: bool = False

@@ -105,7 +105,10 @@ def test_exact_consensus_option(client):
 def test_long_path_result(client):
     body = {"items": [ITEM], "options": {"path": "long", "m": 3, "seed": 2, "template": "score"}}
     (result,) = post(client, body).json()["results"]
-    assert result["route"] == "long" and len(result["candidates"]) == 3
+    # All three candidates, or (early stop) the first alone where the scorer accepted it.
+    candidates = result["candidates"]
+    assert result["route"] == "long"
+    assert len(candidates) == 3 or (len(candidates) == 1 and candidates[0]["score"] >= 0.9)
     (judgement,) = result["judgements"]
     weight = {}
     for c in result["candidates"]:

@@ -30,7 +30,8 @@ def client(model_path, **settings) -> TestClient:
 
 
 def test_rewards_short_and_long_path_on_sglang(sglang, model_path):
-    with client(model_path, engine="sglang", sglang_url=sglang.url) as c:
+    # The whole long path (no early stop): every candidate in one call, on the wire counted below.
+    with client(model_path, engine="sglang", sglang_url=sglang.url, long_accept=0) as c:
         assert c.get("/readyz").json() == {"ready": True, "engine": True, "scorer": True, "store": "in-process"}
         short = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 1}})
         sglang.answers = split("12+30=42", "12+30=41")  # the judge's samples disagree: the long path
@@ -104,3 +105,17 @@ def test_vllm_legacy_against_a_vllm_without_guided_regex_is_not_ready_and_says_w
 def test_openai_engine_needs_its_url(model_path):
     with pytest.raises(ValueError, match="EGRM_OPENAI_URL is required"):
         Settings(model=str(model_path), engine="openai")
+
+
+def test_early_stop_on_sglang_sends_the_first_candidate_apart_and_the_spares_beside_it(sglang, model_path):
+    # The stub's reasoning holds, and the scorer rates it 0.49 (its log-probs are the stub's): accepted at 0.4.
+    with client(model_path, engine="sglang", sglang_url=sglang.url, long_accept=0.4) as c:
+        sglang.answers = split("12+30=42", "12+30=41")  # the judge's samples disagree: the long path
+        r = c.post("/v1/rewards", json={"items": [ITEM], "options": {"seed": 2}})
+    assert r.status_code == 200, r.text
+    (result,) = r.json()["results"]
+    (candidate,) = result["candidates"]  # the first alone decided
+    assert candidate["answer"] == "42" and candidate["score"] >= 0.4 and result["verdict"] == "Yes"
+    # A remote runtime cannot rank work: the four spare candidates went out at once, in a call of their own.
+    prompts = [len(body["input_ids"]) if isinstance(body["input_ids"][0], list) else 1 for body in sglang.requests]
+    assert prompts == [1, 5, 1, 4], prompts  # warm-up, the samples; the first candidate, the spares

@@ -63,7 +63,9 @@ def test_rewards_on_the_short_and_the_long_path(egrm):
         assert right["route"] == wrong["route"] == route and right["error"] is None
         assert right["reward"] > wrong["reward"], (route, right, wrong)
         assert wrong["verdict"] == "No"
-    assert all(len(r["candidates"]) == 5 for r in long.json()["results"])
+    # Every candidate, or (early stop) the first alone where the scorer accepted it.
+    for c in (r["candidates"] for r in long.json()["results"]):
+        assert len(c) == 5 or (len(c) == 1 and c[0]["score"] >= 0.9), c
     # The long path continues each sample: the server reuses the cached prompt for each.
     assert long.json()["usage"]["cached_prompt_tokens"] > 0
 

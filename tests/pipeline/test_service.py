@@ -11,6 +11,7 @@ from egrm.pipeline.service import RewardPipeline
 from egrm.pipeline.templates import JUDGE
 from egrm.pipeline.types import ConsensusMode, JudgeItem, JudgeOptions, PathMode, Route, VerdictBy
 from egrm.scorer.heuristic import HeuristicScorer
+from egrm.scorer.registry import load_scorer
 
 pytestmark = pytest.mark.slow
 
@@ -149,6 +150,9 @@ def test_scorer_failure_degrades_to_the_candidates_vote(engine, checker):
     assert result.degraded and result.error is None
     assert result.judgements[0].judge_answer == max(answers, key=answers.count)
     assert result.reward == pytest.approx(answers.count("42") / len(answers))
+    # With early stop, a scorer that fails cannot accept the first candidate: every one is read.
+    early = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG, long_accept=0.5)))
+    assert early.degraded and len(early.candidates) == 5
 
 
 def test_batch_keeps_order_and_isolates_a_bad_item(engine, checker):
@@ -199,3 +203,28 @@ def test_adaptive_m_draws_more_samples_from_the_prompt_and_routes_on_them(engine
     never = RoutingPolicy("a greedy answer never that sure", 0.0, min_exact=1.01)
     long = asyncio.run(RewardPipeline(engine, HeuristicScorer(), checker).score_item(ITEM, options(policy=never)))
     assert long.route is Route.LONG and long.samples_drawn == 5 and long.exact is not None  # it read the greedy one
+
+
+def test_early_stop_decides_on_the_first_candidate_when_the_scorer_accepts_it(engine, checker):
+    pipeline = RewardPipeline(engine, load_scorer(None), checker)  # the trained scorer: a probability of right
+    full = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG)))
+
+    def reasoned(**kw):
+        return asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG, **kw)))
+
+    # A threshold no score reaches: the window never decides, every candidate is read and scored
+    # together, exactly as without early stop (the spares ran meanwhile, then as live work).
+    spare = engine.stats().spare_tokens
+    never = reasoned(long_accept=1.0)
+    assert engine.stats().spare_tokens > spare  # alone, they rode beside the window: rows it had to spare
+    assert [(c.reasoning, c.answer) for c in never.candidates] == [(c.reasoning, c.answer) for c in full.candidates]
+    assert [c.score for c in never.candidates] == pytest.approx([c.score for c in full.candidates])
+    assert never.reward == pytest.approx(full.reward) and never.answer == full.answer
+    # A threshold every score passes: the first candidate (the coldest sample's) decides alone.
+    (only,) = reasoned(long_accept=1e-6).candidates
+    assert only.reasoning == full.candidates[0].reasoning
+    first_two = reasoned(long_accept=1e-6, long_window=2)
+    assert [c.reasoning for c in first_two.candidates] == [c.reasoning for c in full.candidates[:2]]
+    assert first_two.usage.completion_tokens < full.usage.completion_tokens
+    # The spares were dropped: nothing is left running in the engine.
+    assert engine.run_on_model_thread(lambda: len(engine.core.scheduler.jobs)) == 0

@@ -39,6 +39,8 @@ def api(model_path, worker_port) -> Iterator[str]:
         "EGRM_LONG_MAX_TOKENS": "16",
         # Every call reasons and scores anew: these tests are about the scorer, not the kept work.
         "EGRM_SHARE_QUESTIONS": "false",
+        # One scorer call per item, all M candidates in it (no early stop): the counts below are those.
+        "EGRM_LONG_ACCEPT": "0",
     }
     with running_server(env) as url:  # ready without any worker: a missing scorer only degrades
         yield url
