@@ -99,6 +99,11 @@ def _eval(args: argparse.Namespace) -> int:
         tau=args.tau,
         strategy=args.strategy,
         long_max_tokens=args.long_max_tokens,
+        long_accept=args.long_accept,
+        long_window=args.long_window,
+        load_clients=args.load_clients,
+        load_questions=args.load_questions,
+        load_group=args.load_group,
         seed=args.seed,
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
         consensus=args.consensus,
@@ -301,8 +306,24 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--m", type=int, default=5, help="answer-only samples per item")
     ev.add_argument("--tau", type=float, default=0.8, help="consensus threshold for the short path")
     ev.add_argument("--strategy", default="ladder", choices=["ladder", "fixed", "nucleus"], help="temperatures")
-    ev.add_argument("--modes", default="routed,short,long", help="which of routed,short,long to run")
+    ev.add_argument(
+        "--modes",
+        default="routed,short,long,early",
+        help="which of routed,short,long,early to run (long: every candidate to the end; early: with early stop)",
+    )
     ev.add_argument("--long-max-tokens", type=int, default=128, help="reasoning tokens per long-path candidate")
+    ev.add_argument(
+        "--long-accept",
+        type=float,
+        default=0.9,
+        help="early stop: the first --long-window candidates decide when one scores at least this (0: off)",
+    )
+    ev.add_argument("--long-window", type=int, default=1, help="candidates that reason first under early stop")
+    ev.add_argument(
+        "--load-clients", type=int, default=16, help="cost under load: clients sending GRPO-shaped groups (0: none)"
+    )
+    ev.add_argument("--load-questions", type=int, default=48, help="questions (groups) per policy under load")
+    ev.add_argument("--load-group", type=int, default=4, help="responses per question under load")
     ev.add_argument(
         "--consensus",
         default="sampled",

@@ -4,14 +4,16 @@ Seeded samples make a routed item's answer and cost those of the forced mode it 
 (harness.py), and the forced short run draws adaptive M's extra samples on every item (timed
 apart), so any routing policy can be replayed offline: the method's threshold at several tau,
 the exact estimate, adaptive M, a calibrated policy. A point is a policy: how many items it sends
-short, how right it is, and its mean latency against reasoning on every item.
+short, how right it is, its mean latency against reasoning on every item (every candidate to the
+end: the baseline) and the completion tokens it draws. A policy's long route is the long path as
+served: with early stop where the `early` mode ran.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from egrm.evals.harness import ItemOutcome
 from egrm.pipeline.routing import RoutingPolicy, Signals, threshold
@@ -29,6 +31,7 @@ class Point:
     accuracy_routed: float
     latency_ratio_routed_vs_long: float
     mean_samples: float  # answer-only samples drawn per item
+    completion_tokens: float  # per item: what the judge decoded (answer-only samples, reasoning, follow-ups)
 
 
 def signals(o: ItemOutcome) -> Signals:
@@ -48,18 +51,38 @@ class _Routed:
     right: bool
     latency_ms: float
     samples: int
+    tokens: int
+
+
+def _short(o: ItemOutcome, right: bool, m: int) -> _Routed:
+    """The item answered by the short path, without adaptive M's extra samples."""
+    run = o.runs["short"]
+    return _Routed(True, right, run.base_ms, m, run.base_tokens)
+
+
+def _long(o: ItemOutcome, m: int, mode: str | None = None) -> _Routed:
+    """The item answered by the long path (by default, as served: early stop where it ran)."""
+    run = o.runs[mode or o.long_mode]
+    return _Routed(False, o.correct(mode or o.long_mode), run.latency_ms, m, run.completion_tokens)
 
 
 def _replay(o: ItemOutcome, policy: RoutingPolicy, m: int, extra: int) -> _Routed:
     """The item as the policy would route it: its answer, latency and samples, from the forced runs."""
-    short_run = o.runs["short"]  # it drew the extra samples on every item, timed apart
     s = signals(o)
     more = policy.wants_extra(s.consensus)
-    extra_ms, samples = (short_run.extra_ms, m + extra) if more else (0.0, m)
     if policy.short(s):
-        answer = o.estimates["all" if more else "sampled"].answer
-        return _Routed(True, answer == o.item.gold, short_run.base_ms + extra_ms, samples)
-    return _Routed(False, o.correct("long"), o.runs["long"].latency_ms + extra_ms, samples)
+        routed = _short(o, o.estimates["all" if more else "sampled"].answer == o.item.gold, m)
+    else:
+        routed = _long(o, m)
+    if not more:
+        return routed
+    short_run = o.runs["short"]  # it drew the extra samples on every item, timed apart
+    return replace(
+        routed,
+        latency_ms=routed.latency_ms + short_run.extra_ms,
+        samples=m + extra,
+        tokens=routed.tokens + short_run.extra_tokens,
+    )
 
 
 def _point(name: str, kind: str, routed: Sequence[_Routed], long_ms: float) -> Point:
@@ -72,6 +95,7 @@ def _point(name: str, kind: str, routed: Sequence[_Routed], long_ms: float) -> P
         accuracy_routed=round(sum(r.right for r in routed) / len(routed), 4),
         latency_ratio_routed_vs_long=round(statistics.fmean(r.latency_ms for r in routed) / long_ms, 4),
         mean_samples=round(statistics.fmean(r.samples for r in routed), 2),
+        completion_tokens=round(statistics.fmean(r.tokens for r in routed), 1),
     )
 
 
@@ -89,14 +113,9 @@ def frontier(
 ) -> list[dict[str, object]]:
     """Every routing side by side on the same items (they need forced short and long runs)."""
     long_ms = statistics.fmean(o.runs["long"].latency_ms for o in outcomes)
-    points = [
-        _point(
-            "always long",
-            "always",
-            [_Routed(False, o.correct("long"), o.runs["long"].latency_ms, m) for o in outcomes],
-            long_ms,
-        )
-    ]
+    points = [_point("always long", "always", [_long(o, m, "long") for o in outcomes], long_ms)]
+    if "early" in outcomes[0].runs:
+        points.append(_point("always long, early stop", "always", [_long(o, m) for o in outcomes], long_ms))
     for tau in TAUS:
         policy = threshold(tau)
         points.append(_point(f"vote, tau={tau:g}", "vote", [_replay(o, policy, m, extra) for o in outcomes], long_ms))
@@ -104,9 +123,9 @@ def frontier(
         routed = []
         for o in outcomes:
             if o.estimates["exact"].consensus >= tau:
-                routed.append(_Routed(True, o.estimates["exact"].answer == o.item.gold, o.runs["short"].base_ms, m))
+                routed.append(_short(o, o.estimates["exact"].answer == o.item.gold, m))
             else:
-                routed.append(_Routed(False, o.correct("long"), o.runs["long"].latency_ms, m))
+                routed.append(_long(o, m))
         points.append(_point(f"exact, tau={tau:g}", "exact", routed, long_ms))
     if extra and all("all" in o.estimates for o in outcomes):
         for policy in adaptive_policies(extra):

@@ -2,7 +2,8 @@
 
 Every item runs once per mode with the same seed. Seeded branches sample the same tokens whatever
 else shares the engine, so the routed run's short samples are the always-short run's, and when it
-routes long its candidates are the always-long run's: the three modes differ only by routing.
+routes long its candidates are the forced long run's (with early stop, the `early` run's): the
+modes differ only by routing. `long` is the baseline: every candidate reasons to the end.
 The mode order rotates from item to item so that no mode always runs on a warmer cache.
 """
 
@@ -18,8 +19,9 @@ from egrm.pipeline.routing import RoutingPolicy
 from egrm.pipeline.service import RewardPipeline
 from egrm.pipeline.types import ConsensusMode, ItemResult, JudgeOptions, PathMode, Route
 
-MODES = ("routed", "short", "long")
-_PATH = {"routed": PathMode.AUTO, "short": PathMode.SHORT, "long": PathMode.LONG}
+# long: every candidate reasons to the end (the baseline); early: the long path with early stop.
+MODES = ("routed", "short", "long", "early")
+_PATH = {"routed": PathMode.AUTO, "short": PathMode.SHORT, "long": PathMode.LONG, "early": PathMode.LONG}
 # ladder: the method's 0.6..1.0; fixed: one temperature for every branch; nucleus: hot, narrow top-p.
 STRATEGIES = ("ladder", "fixed", "nucleus")
 ESTIMATORS = tuple(c.value for c in ConsensusMode)
@@ -32,11 +34,23 @@ class EvalConfig:
     strategy: str = "ladder"
     top_p: float = 0.95
     long_max_tokens: int = 128
+    long_accept: float = 0.9  # early stop (routed and early modes; 0: none, and no early mode)
+    long_window: int = 1
     seed: int = 1234
     modes: tuple[str, ...] = MODES
     consensus: str = "sampled"  # the estimator routing uses; both are measured on every item
     extra: int = 5  # adaptive M's extra samples, drawn on every forced short run (read offline)
     policy: RoutingPolicy | None = None  # routes the routed mode instead of tau
+    # Cost under load (load.py): this many clients send the first load_questions items' groups of
+    # load_group responses, per policy; 0 clients: no load run.
+    load_clients: int = 0
+    load_questions: int = 48
+    load_group: int = 4
+
+    @property
+    def run_modes(self) -> tuple[str, ...]:
+        """The modes to run: the early-stop one only where early stop is on."""
+        return tuple(m for m in self.modes if m != "early" or self.long_accept > 0)
 
     def sampling(self) -> tuple[list[float], float]:
         """Per-branch temperatures and the shared top-p of a strategy."""
@@ -59,6 +73,8 @@ class EvalConfig:
             return_samples=True,
             seed=seed,
             long_max_tokens=self.long_max_tokens,
+            long_accept=0.0 if mode == "long" else self.long_accept,
+            long_window=self.long_window,
             consensus=ConsensusMode(self.consensus),
             with_exact=True,
             policy=self.policy,
@@ -80,11 +96,17 @@ class ModeRun:
     verdict_by: str | None = None  # what decided (equivalence, judge, reference)
     extra_ms: float = 0.0  # of latency_ms: adaptive M's extra samples (forced short runs draw them)
     samples_drawn: int = 0
+    extra_tokens: int = 0  # of completion_tokens: adaptive M's extra samples'
 
     @property
     def base_ms(self) -> float:
         """The latency without adaptive M's extra samples (what a policy that draws none pays)."""
         return self.latency_ms - self.extra_ms
+
+    @property
+    def base_tokens(self) -> int:
+        """The completion tokens without adaptive M's extra samples."""
+        return self.completion_tokens - self.extra_tokens
 
     @classmethod
     def of(cls, result: ItemResult) -> ModeRun:
@@ -99,6 +121,7 @@ class ModeRun:
             verdict_by=result.judgements[0].by.value if result.judgements else None,
             extra_ms=result.timings.extra_ms,
             samples_drawn=result.samples_drawn,
+            extra_tokens=result.extra_tokens,
         )
 
 
@@ -129,6 +152,11 @@ class ItemOutcome:
     def correct(self, mode: str) -> bool:
         return self.runs[mode].answer == self.item.gold
 
+    @property
+    def long_mode(self) -> str:
+        """The run a policy's long route costs: the long path with early stop where it ran."""
+        return "early" if "early" in self.runs else "long"
+
 
 async def evaluate(
     pipeline: RewardPipeline,
@@ -138,15 +166,16 @@ async def evaluate(
 ) -> list[ItemOutcome]:
     """Each item through each mode in config.modes, one at a time (latencies are not shared)."""
     outcomes = []
+    modes = config.run_modes
     for index, item in enumerate(items):
         seed = config.seed + 10_000 * index
-        order = config.modes[index % len(config.modes) :] + config.modes[: index % len(config.modes)]
+        order = modes[index % len(modes) :] + modes[: index % len(modes)]
         results: dict[str, ItemResult] = {}
         for mode in order:
             results[mode] = await pipeline.score_item(item.judge_item(), config.options(mode, item.template, seed))
         runs = {mode: ModeRun.of(r) for mode, r in results.items()}
         # The forced short run reads both estimators' short answers; other runs may lack one.
-        read = results["short"] if "short" in results else results[config.modes[0]]
+        read = results["short"] if "short" in results else results[modes[0]]
         outcomes.append(ItemOutcome(item, estimates(read, config.m), runs, config.consensus))
         progress()
     return outcomes

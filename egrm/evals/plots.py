@@ -81,36 +81,53 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
     fig.savefig(path, dpi=110)
     plt.close(fig)
     if report.get("frontier"):
-        plot_frontier(report["frontier"], path.with_name(path.stem + "_frontier" + path.suffix))
+        plot_frontier(report["frontier"], path.with_name(path.stem + "_frontier" + path.suffix), report.get("load"))
     return path
 
 
-def plot_frontier(points: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Accuracy against latency, one marker per way to route (eval.py's frontier)."""
+def plot_frontier(points: Sequence[dict[str, Any]], path: Path, load: dict[str, Any] | None = None) -> Path:
+    """Accuracy against cost, one marker per way to route (frontier.py): against latency at one
+    client, against completion tokens per item, and (with a load run) items/s under load."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    markers = {"always": "s", "vote": "o", "exact": "^", "adaptive": "D", "calibrated": "*"}
-    for kind, marker in markers.items():
-        mine = [p for p in points if p["kind"] == kind]
-        if mine:
-            xs = [p["latency_ratio_routed_vs_long"] for p in mine]
-            ys = [p["accuracy_routed"] for p in mine]
-            ax.scatter(xs, ys, marker=marker, s=120 if kind == "calibrated" else 50, label=kind)
-            if kind == "adaptive":  # six points close together: the legend names them, labels would overlap
-                continue
-            # The calibrated policy often sits on another point: its label goes below, the others' above.
-            offset = (4, -10) if kind == "calibrated" else (4, 4)
-            for p, x, y in zip(mine, xs, ys, strict=True):
-                name = "calibrated" if kind == "calibrated" else p["name"]
-                label = f"{name} ({p['short_path_rate']:.0%} short)"
-                ax.annotate(label, (x, y), textcoords="offset points", xytext=offset, fontsize=7)
-    ax.set(xlabel="mean latency, against reasoning on every item", ylabel="accuracy")
-    ax.set_title("Routing: accuracy against latency")
-    ax.legend(fontsize=8)
+    panels = 3 if load else 2
+    fig, axes = plt.subplots(1, panels, figsize=(7.5 * panels, 5))
+    _frontier(axes[0], points, "latency_ratio_routed_vs_long", labels=True)
+    axes[0].set(xlabel="mean latency, against reasoning on every item", ylabel="accuracy")
+    axes[0].set_title("Routing: accuracy against latency")
+    _frontier(axes[1], points, "completion_tokens", labels=False)
+    axes[1].set(xlabel="completion tokens per item", ylabel="accuracy")
+    axes[1].set_title("Routing: accuracy against tokens decoded")
+    if load:
+        ratios = load["items_per_s_vs_always_long"]
+        for name, run in load["policies"].items():
+            at = (ratios[name], run["accuracy"])
+            axes[2].scatter([at[0]], [at[1]], s=60)
+            axes[2].annotate(name, at, textcoords="offset points", xytext=(4, 4), fontsize=8)
+        axes[2].set(xlabel="items/s against always long", ylabel="accuracy")
+        axes[2].set_title(f"Under load: {load['clients']} clients, groups of {load['group']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _frontier(ax: Any, points: Sequence[dict[str, Any]], x: str, labels: bool) -> None:
+    markers = {"always": "s", "vote": "o", "exact": "^", "adaptive": "D", "calibrated": "*"}
+    for kind, marker in markers.items():
+        mine = [p for p in points if p["kind"] == kind]
+        if mine:
+            xs = [p[x] for p in mine]
+            ys = [p["accuracy_routed"] for p in mine]
+            ax.scatter(xs, ys, marker=marker, s=120 if kind == "calibrated" else 50, label=kind)
+            if not labels or kind == "adaptive":  # six points close together: the legend names them
+                continue
+            # The calibrated policy often sits on another point: its label goes below, the others' above.
+            offset = (4, -10) if kind == "calibrated" else (4, 4)
+            for p, px, py in zip(mine, xs, ys, strict=True):
+                name = "calibrated" if kind == "calibrated" else p["name"]
+                label = f"{name} ({p['short_path_rate']:.0%} short)"
+                ax.annotate(label, (px, py), textcoords="offset points", xytext=offset, fontsize=7)
+    ax.legend(fontsize=8)
 
 
 def plot_sweep(name: str, rows: Sequence[dict[str, Any]], path: Path) -> Path:

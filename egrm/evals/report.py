@@ -15,7 +15,7 @@ from egrm.evals.harness import ESTIMATORS, MODES, Estimate, EvalConfig, ItemOutc
 from egrm.pipeline.routing import describe_routing
 from egrm.pipeline.types import Route
 
-NAMES = {"routed": "routed", "short": "always_short", "long": "always_long"}
+NAMES = {"routed": "routed", "short": "always_short", "long": "always_long", "early": "always_long_early_stop"}
 TAU_GRID = (0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -66,8 +66,9 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
         **routing(outcomes, config.tau),
     }
     modes = _modes(outcomes)
-    if set(modes) == set(MODES):
-        # Seeded sampling makes a routed item's answer its forced mode's; tau sweeps rely on it.
+    if {"routed", "short", "long"} <= set(modes):
+        # Seeded sampling makes a routed item's answer its forced mode's (routed long: the long path
+        # as served, with early stop where the early mode ran); tau sweeps rely on it.
         report["routed_matches_forced"] = _rate([_matches_forced(o.runs["routed"], o) for o in outcomes])
     if "routed" in modes and "long" in modes:
         report["latency_ratio_routed_vs_long"] = round(
@@ -76,6 +77,8 @@ def summarise(outcomes: Sequence[ItemOutcome], config: EvalConfig) -> dict[str, 
             4,
         )
     report["latency_ms"] = {NAMES[m]: _latency([o.runs[m].latency_ms for o in outcomes]) for m in modes}
+    if "early" in modes:  # how often the first candidates decided alone
+        report["early_stop_rate"] = _rate([len(o.runs["early"].candidates) < config.m for o in outcomes])
     report["tokens_per_item"] = {
         NAMES[m]: {
             "prompt": round(statistics.fmean(o.runs[m].prompt_tokens for o in outcomes), 1),
@@ -157,7 +160,10 @@ def auc(values: Sequence[float | None], positive: Sequence[bool]) -> float | Non
 
 
 def _matches_forced(routed: ModeRun, outcome: ItemOutcome) -> bool:
-    return routed.route is not None and routed.answer == outcome.runs[routed.route.value].answer
+    if routed.route is None:
+        return False
+    forced = outcome.long_mode if routed.route is Route.LONG else routed.route.value
+    return routed.answer == outcome.runs[forced].answer
 
 
 def _level(estimate: Estimate, name: str) -> float:
@@ -187,7 +193,7 @@ def _routed_right(outcome: ItemOutcome, name: str, tau: float) -> bool:
     """Whether routing by the estimator at tau answers right: its short answer, or the long path's."""
     if _short(outcome, name, tau):
         return outcome.estimates[name].answer == outcome.item.gold
-    return outcome.correct("long")
+    return outcome.correct(outcome.long_mode)
 
 
 def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[dict[str, Any]]:
@@ -200,7 +206,8 @@ def tau_curve(outcomes: Sequence[ItemOutcome], name: str = "sampled") -> list[di
         routed = [_routed_right(o, name, tau) for o in outcomes]
         # The forced short run also drew adaptive M's extra samples (timed apart): not the threshold's cost.
         latency = [
-            o.runs["short"].base_ms if s else o.runs["long"].latency_ms for o, s in zip(outcomes, short, strict=True)
+            o.runs["short"].base_ms if s else o.runs[o.long_mode].latency_ms
+            for o, s in zip(outcomes, short, strict=True)
         ]
         rows.append(
             {

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from egrm.config import MAX_M, Settings
 from egrm.evals.data import LabelledItem, load_dataset
 from egrm.evals.harness import MODES, STRATEGIES, EvalConfig, ItemOutcome, ModeRun, evaluate
+from egrm.evals.load import throughput
 from egrm.evals.pairwise import evaluate_pairs
 from egrm.evals.report import summarise
 from egrm.factory import pipeline_from
@@ -74,7 +75,7 @@ def rerouted(outcomes: Sequence[ItemOutcome], tau: float) -> list[ItemOutcome]:
     answer and cost exactly those of the forced mode its consensus selects."""
     out = []
     for o in outcomes:
-        chosen = o.runs["short" if o.consensus >= tau else "long"]
+        chosen = o.runs["short" if o.consensus >= tau else o.long_mode]
         route = Route.SHORT if o.consensus >= tau else Route.LONG
         routed = ModeRun(chosen.answer, route, chosen.latency_ms, chosen.prompt_tokens, chosen.completion_tokens)
         out.append(replace(o, runs={"routed": routed, **{k: v for k, v in o.runs.items() if k != "routed"}}))
@@ -100,13 +101,17 @@ async def run(
     if sweep is None:
         outcomes = await _evaluate(pipeline, items, config)
         report = summarise(outcomes, config)
+        if config.load_clients > 0:
+            loaded = items[: config.load_questions]
+            print(f"load: {config.load_clients} clients, {len(loaded)} questions per policy", file=sys.stderr)
+            report["load"] = await throughput(pipeline, loaded, config, config.load_clients, config.load_group)
         if plot is not None:
             plot_eval(outcomes, report, plot)
         return report
     rows = []
     if sweep.name == "tau":  # one run of each forced mode serves every threshold
         forced = replace(config, modes=tuple(m for m in config.modes if m != "routed") or ("short", "long"))
-        if set(forced.modes) != {"short", "long"}:
+        if not {"short", "long"} <= set(forced.run_modes):
             raise ValueError("a tau sweep needs the short and long modes")
         outcomes = await _evaluate(pipeline, items, forced)
         for tau in sweep.values:
@@ -157,6 +162,10 @@ def main(
     parsed = Sweep.parse(sweep) if sweep else None
     if not set(config.modes) <= set(MODES):
         raise ValueError(f"--modes must be a subset of {MODES}")
+    if config.load_clients < 0 or config.load_questions < 1 or config.load_group < 1:
+        raise ValueError("--load-clients must be >= 0, --load-questions and --load-group >= 1")
+    if not 0 <= config.long_accept <= 1 or not 1 <= config.long_window <= config.m:
+        raise ValueError("--long-accept must be in [0, 1] and --long-window in [1, --m]")
     if template == "pairwise" and (parsed is not None or plot is not None):
         raise ValueError("--template pairwise reports pair accuracy alone: no --sweep, no --plot")
 

@@ -265,6 +265,7 @@ class RewardPipeline:
             votes=dict((work.tally_all if work.by_all and work.tally_all else work.tally).votes),
             exact=work.exact,
             samples_drawn=work.samples_drawn,
+            extra_tokens=work.extra_tokens,
             timings=Timings(sample_ms=work.sample_ms, extra_ms=work.extra_ms),
         )
         if options.return_samples:

@@ -1,4 +1,4 @@
-"""The evaluation harness on the real model: three modes per item, and `egrm eval` end to end."""
+"""The evaluation harness on the real model: four modes per item, and `egrm eval` end to end."""
 
 from __future__ import annotations
 
@@ -27,12 +27,16 @@ def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) ->
     config = EvalConfig(long_max_tokens=8, extra=0)  # no adaptive samples: the modes' own tokens
     outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
     for o in outcomes:
-        assert set(o.runs) == {"routed", "short", "long"}
-        assert o.runs["short"].route is Route.SHORT and o.runs["long"].route is Route.LONG
+        assert set(o.runs) == {"routed", "short", "long", "early"}
+        assert o.runs["short"].route is Route.SHORT and o.runs["long"].route is o.runs["early"].route is Route.LONG
         expected = Route.SHORT if o.consensus >= config.tau else Route.LONG
         assert o.runs["routed"].route is expected
-        # Same seed, same samples: the routed answer is the forced mode's (tau sweeps rely on it).
-        assert o.runs["routed"].answer == o.runs[expected.value].answer
+        # Same seed, same samples: the routed answer is the forced mode's (tau sweeps rely on it);
+        # routed long, it is the long path as served (early stop).
+        assert o.runs["routed"].answer == o.runs["short" if expected is Route.SHORT else "early"].answer
+        # Early stop: the first candidate alone, or (not accepted) all of them, as without it.
+        assert len(o.runs["early"].candidates) in (1, config.m)
+        assert o.runs["early"].candidates[0] == o.runs["long"].candidates[0]
         assert o.majority == o.runs["short"].answer
         # Both estimators on every item: the exact one from one greedy branch, its answer read too.
         assert 0 < o.estimates["exact"].consensus <= 1 and o.estimates["exact"].answer in ("Yes", "No")
@@ -63,7 +67,8 @@ def _eval(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
     plot = tmp_path / "eval.png"
-    done = _eval("--limit", "2", "--long-max-tokens", "8", "--json", "--plot", str(plot))
+    load = ("--load-clients", "2", "--load-questions", "2", "--load-group", "3")
+    done = _eval("--limit", "2", "--long-max-tokens", "8", "--json", "--plot", str(plot), *load)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.splitlines()
     report = json.loads(line)
@@ -83,6 +88,16 @@ def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
     assert (tmp_path / "eval_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"unanimous", "wrong", "by_kind"} <= set(report["short_path_slips"])
     assert "accuracy_routed" in done.stderr  # the table
+    # Each policy's cost: tokens per item on the frontier, items/s under load beside always long.
+    (early,) = [p for p in report["frontier"] if p["name"] == "always long, early stop"]
+    assert 0 < early["completion_tokens"] <= long["completion_tokens"]
+    assert report["accuracy_always_long_early_stop"] is not None and 0 <= report["early_stop_rate"] <= 1
+    loaded = report["load"]
+    assert (loaded["clients"], loaded["questions"], loaded["group"]) == (2, 2, 3)
+    policies = {"always_short", "routed", "always_long_early_stop", "always_long"}
+    assert set(loaded["policies"]) == set(loaded["items_per_s_vs_always_long"]) == policies
+    assert loaded["items_per_s_vs_always_long"]["always_long"] == 1.0
+    assert all(r["errors"] == 0 and r["items_per_s"] > 0 for r in loaded["policies"].values())
 
 
 def test_cli_tau_sweep_runs_the_forced_modes_once(tmp_path: Path) -> None:
@@ -101,6 +116,8 @@ def test_cli_tau_sweep_runs_the_forced_modes_once(tmp_path: Path) -> None:
         (["--split", "dev"], "split"),
         (["--sweep", "m=99"], "--sweep"),
         (["--modes", "short,sideways"], "--modes"),
+        (["--load-clients", "-1"], "--load-clients"),
+        (["--long-window", "9"], "--long-window"),
     ],
 )
 def test_cli_bad_arguments_exit_2_with_a_message(args: list[str], message: str) -> None:
