@@ -233,6 +233,17 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_early_stop(self) -> Settings:
+        # Early stop reads a score as the probability that a candidate is right. The heuristic's is
+        # not one: scored alone, a candidate agrees with itself, so half its score is given.
+        if self.long_accept > 0 and not self.scorer_url and self.scorer_checkpoint == "heuristic":
+            raise ValueError(
+                "EGRM_LONG_ACCEPT (early stop) needs a scorer whose score is a probability of being right; "
+                "the heuristic's is not: set EGRM_LONG_ACCEPT=0 with EGRM_SCORER_CHECKPOINT=heuristic"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_backend(self) -> Settings:
         if self.engine == "openai" and not self.openai_url:
             raise ValueError("EGRM_OPENAI_URL is required with EGRM_ENGINE=openai (e.g. http://127.0.0.1:8000/v1)")

@@ -40,10 +40,16 @@ def test_a_bad_checkpoint_is_a_clear_error(tmp_path):
 
 def test_the_api_uses_the_worker_only_when_a_url_is_set():
     assert isinstance(build_scorer(Settings()), TrainedScorer)
-    assert isinstance(build_scorer(Settings(scorer_checkpoint="heuristic")), HeuristicScorer)
+    assert isinstance(build_scorer(Settings(scorer_checkpoint="heuristic", long_accept=0)), HeuristicScorer)
     remote = build_scorer(Settings(scorer_url="http://127.0.0.1:8001/", scorer_timeout_s=2, scorer_retries=0))
     assert isinstance(remote, HttpScorer) and remote.url == "http://127.0.0.1:8001"
     asyncio.run(remote.close())
+
+
+def test_early_stop_is_refused_with_the_heuristic_scorer():
+    # Scored alone, a candidate agrees with itself: the heuristic would accept it on half a score.
+    with pytest.raises(ValueError, match="EGRM_LONG_ACCEPT=0 with EGRM_SCORER_CHECKPOINT=heuristic"):
+        Settings(scorer_checkpoint="heuristic")
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8001", "ftp://host", "http://"])
