@@ -92,8 +92,8 @@ class QuestionWork:
 
     @property
     def extra_tokens(self) -> int:
-        """Completion tokens of adaptive M's extra samples (the branches after the M and the greedy one)."""
-        return sum(b.completion_tokens for b in self.branches[self.m + self.has_greedy :])
+        """Completion tokens of adaptive M's extra samples (the voters after the M)."""
+        return sum(self.branches[i].completion_tokens for i in self.voters[self.m :])
 
     @property
     def handles(self) -> list[object]:
