@@ -87,8 +87,10 @@ def plot_eval(outcomes: Sequence[ItemOutcome], report: dict[str, Any], path: Pat
 
 def plot_frontier(points: Sequence[dict[str, Any]], path: Path, load: dict[str, Any] | None = None) -> Path:
     """Accuracy against cost, one marker per way to route (frontier.py): against latency at one
-    client, against completion tokens per item, and (with a load run) items/s under load."""
+    client, against completion tokens per item, and (with a load run that held always long, the
+    baseline) items/s under load."""
     plt = _pyplot()
+    load = load if load and "items_per_s_vs_always_long" in load else None
     panels = 3 if load else 2
     fig, axes = plt.subplots(1, panels, figsize=(7.5 * panels, 5))
     _frontier(axes[0], points, "latency_ratio_routed_vs_long", labels=True)

@@ -107,3 +107,16 @@ def test_sweeps_parse() -> None:
     assert Sweep.parse("m=3,5").values == (3, 5)
     assert Sweep.parse("tau=0.6, 1").values == (0.6, 1.0)
     assert Sweep.parse("strategy=ladder,fixed,nucleus").name == "strategy"
+
+
+def test_the_frontier_plot_draws_the_load_panel_only_beside_its_baseline(tmp_path) -> None:
+    from egrm.evals.plots import plot_frontier
+
+    point = {"name": "always long", "kind": "always", "short_path_rate": 0.0, "accuracy_routed": 0.9,
+             "latency_ratio_routed_vs_long": 1.0, "completion_tokens": 280.0}  # fmt: skip
+    run = {"items_per_s": 7.0, "accuracy": 0.9}
+    without = {"clients": 16, "group": 4, "policies": {"always_long_early_stop": run}}  # --modes without long
+    with_base = {**without, "items_per_s_vs_always_long": {"always_long_early_stop": 1.5}}
+    for load in (None, without, with_base):
+        path = plot_frontier([point], tmp_path / "frontier.png", load)
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
