@@ -45,7 +45,7 @@ async def score(body: ScoreRequest, scorer: ScorerDep, metrics: MetricsDep) -> S
     candidates = [c.to_candidate() for c in body.candidates]
     scores = await scorer.score(candidates)
     metrics.candidates.inc(len(candidates))
-    return ScoreResponse(scores=scores, scorer=type(scorer).__name__)
+    return ScoreResponse(scores=scores, scorer=type(scorer).__name__, calibrated=scorer.calibrated)
 
 
 @router.get("/healthz")
@@ -56,7 +56,7 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses={503: {"description": "the scorer cannot answer"}})
 async def readyz(scorer: ScorerDep) -> JSONResponse:
     ok = await scorer.ready()
-    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+    return JSONResponse({"ready": ok, "calibrated": scorer.calibrated}, status_code=200 if ok else 503)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -13,7 +13,8 @@ longer than for all M together, while under load their compute goes to live work
 aborted when the window decides. When it does not, every candidate is read and scored together,
 exactly as without early stop. The trained scorer reads whether the working's arithmetic holds:
 on 150 calibration items (docs/evaluation.md) the first candidate alone, accepted at 0.9, decided
-123 with the same accuracy as all five.
+123 with the same accuracy as all five. A scorer whose score is no such probability (the
+heuristic's: `calibrated` false, as a worker says in each answer) never stops a long path early.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ async def reason_and_score(
     with early stop the first window when the scorer accepts one of them (see the module's doc)."""
     start = time.perf_counter()
     params = reasoning_params(options)
-    window = min(options.long_window, len(samples)) if options.long_accept > 0 else len(samples)
+    early = options.long_accept > 0 and scorer.calibrated
+    window = min(options.long_window, len(samples)) if early else len(samples)
     needed = False  # the spare candidates, once the window has not decided
     spare_tag = SpareTag(tag, lambda: needed)
     spares = asyncio.ensure_future(reason(engine, samples[window:], params[window:], spare_tag))
@@ -193,7 +195,7 @@ async def reason_and_score(
             scored_at = time.perf_counter()
             scores, degraded = await _score(scorer, read.candidates)
             scorer_ms += (time.perf_counter() - scored_at) * 1000
-            if not degraded and max(scores) >= options.long_accept:
+            if not degraded and scorer.calibrated and max(scores) >= options.long_accept:
                 return _reasoned(read, scores, degraded, start, scorer_ms)
             needed = True  # the spares are live work now; they may have run ahead in spare rows
             read = await _read(engine, checker, prompt, samples, read.reasoning + await spares)

@@ -26,6 +26,10 @@ class Candidate:
 
 @runtime_checkable
 class Scorer(Protocol):
+    # Whether a score reads as the probability that the candidate is right (the trained scorer's
+    # does): the long path's early stop accepts a lone candidate on its score only then.
+    calibrated: bool
+
     async def score(self, candidates: Sequence[Candidate]) -> list[float]:
         """A quality estimate in [0, 1] per candidate, in order."""
         ...

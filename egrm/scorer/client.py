@@ -7,6 +7,7 @@ majority (degraded: true), so a slow or dead worker costs quality, never the req
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -31,6 +32,10 @@ class HttpScorer:
         self.url = url.rstrip("/")
         self._timeout_s, self._retries, self._backoff_s = timeout_s, retries, backoff_s
         self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        # What the worker last said of its scores (each answer and /readyz say it). Until it has
+        # answered, taken as the shipped worker's (trained); the answer that says otherwise comes
+        # before early stop reads its scores, so a heuristic worker never stops a long path early.
+        self.calibrated = True
 
     async def score(self, candidates: Sequence[Candidate]) -> list[float]:
         """Scores in order; one attempt plus `retries` on a connection error, a timeout or a 5xx."""
@@ -57,9 +62,11 @@ class HttpScorer:
         if response.status_code != 200:
             raise ScorerError(f"scorer worker refused the candidates: HTTP {response.status_code}: {response.text}")
         try:
-            scores = ScoreResponse.model_validate_json(response.content).scores
+            answer = ScoreResponse.model_validate_json(response.content)
         except ValidationError as exc:
             raise ScorerError(f"scorer worker sent an unreadable answer: {exc}") from exc
+        scores = answer.scores
+        self._said(answer.calibrated, answer.scorer)
         if len(scores) != expected:
             raise ScorerError(f"scorer worker sent {len(scores)} scores for {expected} candidates")
         return scores
@@ -69,7 +76,19 @@ class HttpScorer:
             response = await self._client.get("/readyz", timeout=min(_READY_TIMEOUT_S, self._timeout_s))
         except httpx.HTTPError:
             return False
+        with contextlib.suppress(ValueError, AttributeError):
+            self._said(bool(response.json().get("calibrated", False)), "its scorer")
         return response.status_code == 200
+
+    def _said(self, calibrated: bool, scorer: str) -> None:
+        if self.calibrated and not calibrated:
+            log.warning(
+                "the scorer worker at %s scores with %s, whose score is not a probability of being right: "
+                "the long path does not stop early on it (every candidate reasons to the end)",
+                self.url,
+                scorer,
+            )
+        self.calibrated = calibrated
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -13,7 +13,11 @@ class HeuristicScorer:
 
     Agreement rewards answers the reasoning converges on; the mean probability prefers fluent,
     confident chains. A candidate with no parseable answer scores 0.
+    Its score is not a probability of being right: scored alone, a candidate agrees with itself,
+    so half the score is given.
     """
+
+    calibrated = False
 
     async def score(self, candidates: Sequence[Candidate]) -> list[float]:
         return [self._one(c) for c in candidates]

@@ -62,6 +62,8 @@ class Checkpoint:
 class TrainedScorer:
     """The Scorer protocol over a checkpoint; microseconds per candidate, so it runs inline."""
 
+    calibrated = True  # trained on right/wrong labels: its score is a probability of being right
+
     def __init__(self, checkpoint: Checkpoint):
         self.checkpoint = checkpoint
         self._mean, self._std, self._w1, self._b1, self._w2, self._b2 = checkpoint.arrays()

@@ -47,3 +47,5 @@ class ScoreRequest(BaseModel):
 class ScoreResponse(BaseModel):
     scores: list[float] = Field(description="One quality estimate in [0, 1] per candidate, in request order.")
     scorer: str = Field(description="Which scorer answered (class name).")
+    # False where a worker does not say: early stop then never acts on its scores.
+    calibrated: bool = Field(False, description="Whether a score reads as the probability that the candidate is right.")

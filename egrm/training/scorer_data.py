@@ -28,6 +28,10 @@ class CapturingScorer:
         self.inner = inner
         self.last: list[Candidate] = []
 
+    @property
+    def calibrated(self) -> bool:
+        return self.inner.calibrated
+
     async def score(self, candidates: Sequence[Candidate]) -> list[float]:
         self.last = list(candidates)
         return await self.inner.score(candidates)
