@@ -169,8 +169,8 @@ def vllm_server(
     The flags are the ones measured on these machines (docs/engines.md, "vLLM"): 32-token KV blocks
     (CPU needs a multiple of 32; only full blocks are prefix-cached), prompts prefilled whole, the
     cached prompt tokens in each answer's usage, no sampling defaults from generation_config.json,
-    no access log line per call. eager: no torch.compile warm-up (ready in about 30 s here instead
-    of 115-140 s; the tests' choice, not the benchmarks'). Dev mode serves
+    no access log line per call, scheduling by request priority. eager: no torch.compile warm-up
+    (ready in about 30 s here instead of 115-140 s; the tests' choice, not the benchmarks'). Dev mode serves
     POST /reset_prefix_cache, which benchmarks use to start each contender on a cold cache."""
     log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
     command = [
@@ -183,6 +183,8 @@ def vllm_server(
         # prompt is prefilled whole, in a step budget that holds the longest.
         *("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"),
         *("--enable-prompt-tokens-details", "--disable-uvicorn-access-log"),
+        # egrm's spare and background calls carry a request priority: live work starts first.
+        *("--scheduling-policy", "priority"),
         *(("--served-model-name", served_name) if served_name else ()),
         *(("--enforce-eager",) if eager else ()),
         *args,

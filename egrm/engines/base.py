@@ -82,10 +82,25 @@ class SpareTag:
     says the caller waits for the work, an engine that schedules runs it only where a step has rows
     to spare (beside little live work an extra row costs a small part of the pass over the
     weights), and gives up its KV before live work does. Then it is live work like any other.
-    An engine that cannot rank work (a remote one) runs it as live work."""
+    vLLM gets the rank as the request's priority (see rank_of); llama.cpp and SGLang run it as live
+    work."""
 
     tag: object
     needed: Callable[[], bool]
+
+
+# What a call's work is to the engine, most urgent first: somebody waits for it; it may turn out not
+# to be needed (SpareTag); nobody waits for it any more (WorkTag). An engine computes live work
+# first; vLLM, started with --scheduling-policy priority, takes the rank as the request's
+# priority (lower first) and starts the others only when no live request waits for a slot.
+LIVE, SPARE, BACKGROUND = 0, 1, 2
+
+
+def rank_of(tag: object) -> int:
+    """LIVE, SPARE or BACKGROUND: what a call's tag says of its work now."""
+    if is_background(tag):
+        return BACKGROUND
+    return SPARE if is_spare(tag) else LIVE
 
 
 def request_of(tag: object) -> object:

@@ -30,7 +30,14 @@ from dataclasses import replace
 from typing import Any
 
 from egrm.aio import gather_or_cancel
-from egrm.engines.base import BackendRejectedError, Branch, BranchParams, EngineUnavailableError, FinishReason
+from egrm.engines.base import (
+    LIVE,
+    BackendRejectedError,
+    Branch,
+    BranchParams,
+    EngineUnavailableError,
+    FinishReason,
+)
 from egrm.engines.embedded.constraint import TrieNode, build_trie
 from egrm.engines.remote.base import CompletionsEngine
 
@@ -120,7 +127,8 @@ class LlamaCppEngine(CompletionsEngine):
     def _trie(self, p: BranchParams) -> TrieNode | None:
         return None if p.allowed is None else build_trie(self._tok.tokenizer, tuple(p.allowed))
 
-    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+    async def _complete(self, ids: list[int], p: BranchParams, n: int, rank: int = LIVE) -> list[Branch]:
+        # llama-server has no request priority: spare and background work run as live work.
         trie = self._trie(p)
         answer = await self._client.post(_COMPLETION, completion_body(ids, p, n, trie))
         self._stats.batches += 1

@@ -16,8 +16,10 @@ prompt_tokens_details.cached_tokens). Errors: {"error": {"message", "type", "par
 Dialects (EGRM_OPENAI_DIALECT): "openai" sends standard fields only: answers are free text that
 the pipeline's templates read with their patterns, and branch token ids are our tokenizer's
 reading of the text; "vllm" adds structured_outputs.regex (constrained answers),
-return_tokens_as_token_ids (the sampled ids, in the log-probs) and ignore_eos; "vllm-legacy" sends
-guided_regex (vLLM before structured_outputs) instead of structured_outputs.
+return_tokens_as_token_ids (the sampled ids, in the log-probs), ignore_eos, and `priority` on spare
+and background work (vLLM's request priority, which it heeds when started with
+--scheduling-policy priority); "vllm-legacy" sends guided_regex (vLLM before structured_outputs)
+instead of structured_outputs, and no priority.
 
 vLLM 0.12 removed guided_regex (vllm-project/vllm#29326) and accepts unknown fields, logging them at
 debug level only (vllm/entrypoints/serve/engine/protocol.py OpenAIBaseModel, extra="allow"): the
@@ -39,12 +41,14 @@ from typing import Any, Literal
 
 from egrm.aio import gather_or_cancel
 from egrm.engines.base import (
+    LIVE,
     BackendRejectedError,
     Branch,
     BranchParams,
     EngineBusyError,
     EngineUnavailableError,
     FinishReason,
+    rank_of,
 )
 from egrm.engines.remote.answers import answers_regex
 from egrm.engines.remote.base import CompletionsEngine
@@ -83,14 +87,14 @@ class OpenAIEngine(CompletionsEngine):
     async def sample(
         self, prefix: str | Sequence[int], branches: Sequence[BranchParams], tag: object = None
     ) -> list[Branch]:
-        ids = self._prompt_ids(prefix, branches)
+        ids, rank = self._prompt_ids(prefix, branches), rank_of(tag)
         async with self._slot(len(branches)):
             if len(branches) > 1 and all(b == branches[0] for b in branches):
-                return await self._complete(ids, branches[0], len(branches))
-            done = await gather_or_cancel([self._complete(ids, b, 1) for b in branches])
+                return await self._complete(ids, branches[0], len(branches), rank)
+            done = await gather_or_cancel([self._complete(ids, b, 1, rank) for b in branches])
         return [branch for one in done for branch in one]
 
-    def request_body(self, model: str, ids: list[int], p: BranchParams, n: int) -> dict[str, Any]:
+    def request_body(self, model: str, ids: list[int], p: BranchParams, n: int, rank: int = LIVE) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": model,
             "prompt": ids,
@@ -123,11 +127,17 @@ class OpenAIEngine(CompletionsEngine):
             # would bring them too, with the prompt echoed, and cost vLLM 0.32 a fifth of its items/s
             # here (bench_remote).
             body["return_tokens_as_token_ids"] = True
+            if rank != LIVE and self.dialect == "vllm":
+                # Spare and background work: a vLLM started with --scheduling-policy priority starts
+                # it only when no live request waits for a slot (lower first; 0 is the default).
+                # Under fcfs vLLM's V1 engine ignores it (0.32 checked); its V0 engine, which some
+                # releases before 0.12 ran, refused it: not sent to those (vllm-legacy).
+                body["priority"] = rank
         return body
 
-    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
+    async def _complete(self, ids: list[int], p: BranchParams, n: int, rank: int = LIVE) -> list[Branch]:
         model = self._model or await self._first_model()
-        answer = await self._client.post(_COMPLETIONS, self.request_body(model, ids, p, n))
+        answer = await self._client.post(_COMPLETIONS, self.request_body(model, ids, p, n, rank))
         self._stats.batches += 1
         try:
             choices = sorted(answer["choices"], key=lambda c: int(c["index"]))

@@ -47,7 +47,7 @@ def groups(items: Sequence[LabelledItem], size: int, seed: int = 0) -> list[list
     return out
 
 
-async def _policy(
+async def run_policy(
     pipeline: RewardPipeline, batch: list[list[LabelledItem]], config: EvalConfig, mode: str, clients: int
 ) -> dict[str, Any]:
     """All groups through one policy, `clients` requests in flight at a time."""
@@ -81,7 +81,7 @@ async def throughput(
     """Each policy of config.run_modes under load: items/s, tokens and accuracy, side by side."""
     batch = groups(items, group, config.seed)
     policies = [m for m in POLICIES if m in config.run_modes]
-    runs = {NAMES[m]: await _policy(pipeline, batch, config, m, clients) for m in policies}
+    runs = {NAMES[m]: await run_policy(pipeline, batch, config, m, clients) for m in policies}
     out: dict[str, Any] = {"clients": clients, "group": group, "questions": len(batch), "policies": runs}
     if "always_long" in runs:
         base = runs["always_long"]["items_per_s"]

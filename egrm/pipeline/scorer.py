@@ -26,9 +26,11 @@ class Candidate:
 
 @runtime_checkable
 class Scorer(Protocol):
-    # Whether a score reads as the probability that the candidate is right (the trained scorer's
-    # does): the long path's early stop accepts a lone candidate on its score only then.
-    calibrated: bool
+    @property
+    def calibrated(self) -> bool:
+        """Whether a score reads as the probability that the candidate is right (the trained
+        scorer's does): the long path's early stop accepts a lone candidate on its score only then."""
+        ...
 
     async def score(self, candidates: Sequence[Candidate]) -> list[float]:
         """A quality estimate in [0, 1] per candidate, in order."""

@@ -7,7 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from egrm.engines.base import BackendRejectedError, BranchParams, EngineBusyError, EngineUnavailableError
+from egrm.engines.base import (
+    BackendRejectedError,
+    BranchParams,
+    EngineBusyError,
+    EngineUnavailableError,
+    SpareTag,
+    WorkTag,
+)
 from egrm.engines.openai import OpenAIEngine
 from egrm.pipeline.service import RewardPipeline
 from egrm.pipeline.templates import JUDGE
@@ -116,6 +123,30 @@ def test_vllm_dialects_constrain_answers_with_a_regex(server, tok, dialect, fiel
     # vLLM fills what a request leaves out from the model's generation_config.json: pinned neutral.
     assert (sent["top_k"], sent["min_p"], sent["repetition_penalty"]) == (-1, 0.0, 1.0)
     assert branch.cached_prompt_tokens == len(ids) // 16 * 16  # vLLM's block-sized prefix-cache hit
+
+
+@pytest.mark.parametrize(("dialect", "ranked"), [("vllm", True), ("vllm-legacy", False), ("openai", False)])
+def test_spare_and_background_work_carry_vllms_request_priority(server, tok, dialect, ranked):
+    """Live work keeps vLLM's default priority (0, nothing sent); the long path's spare candidates
+    go as 1, work nobody waits for any more as 2, to vLLM; neither a plain OpenAI server (it is
+    vLLM's field) nor a vLLM before 0.12 (vllm-legacy: its V0 engine refused it under fcfs) gets it."""
+    stub, url = server
+    stub.vllm = True
+    ids = prompt_ids(tok)
+    spare = SpareTag("request", lambda: False)
+    orphan = WorkTag("request", lambda: False)
+
+    async def ranked_calls(engine):
+        live = await engine.sample(ids, answer_params()[:1], tag="request")
+        await engine.sample(ids, answer_params()[:1], tag=spare)
+        await engine.continue_branches([live[0].handle], " more", answer_params()[:1], tag=orphan)
+        await engine.continue_branches(
+            [live[0].handle], " more", answer_params()[:1], tag=SpareTag(spare, lambda: True)
+        )
+
+    run(url, tok, ranked_calls, dialect=dialect)
+    sent = [r.get("priority") for r in stub.requests]
+    assert sent == ([None, 1, 2, None] if ranked else [None] * 4)  # a spare once needed is live work
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from egrm.config import Settings
-from egrm.engines.base import BranchParams
+from egrm.engines.base import BranchParams, SpareTag, WorkTag
 from egrm.engines.openai import OpenAIEngine
 from egrm.main import create_app
 from loadtest.serverproc import free_port, vllm_server
@@ -32,6 +32,7 @@ from tests.live import serve, wait_for
 pytestmark = pytest.mark.slow
 
 ALIAS = "smollm2-judge"
+SLOTS = 8  # the most sequences vLLM runs at once here
 RIGHT = {"prompt": "What is 12 + 30?", "response": "42"}
 WRONG = {"prompt": "What is 12 + 30?", "response": "41"}
 
@@ -41,7 +42,11 @@ def vllm(model_path: Path) -> Iterator[tuple[str, int]]:
     """(base URL, process group id) of vLLM serving the judge."""
     port = free_port()
     # Eager: ready in about 30 s instead of two minutes of compiling (what is tested is the same).
-    with vllm_server(model_path, Settings().cache_dir, port, served_name=ALIAS, dtype="float32", eager=True) as proc:
+    # Scheduled by request priority (as docs/engines.md starts it), with room for SLOTS sequences.
+    args = ["--max-num-seqs", str(SLOTS)]
+    with vllm_server(
+        model_path, Settings().cache_dir, port, served_name=ALIAS, dtype="float32", eager=True, args=args
+    ) as proc:
         yield f"http://127.0.0.1:{port}", proc.pid
 
 
@@ -121,6 +126,46 @@ def test_answers_are_constrained_and_their_logprobs_are_the_embedded_engines(vll
     for theirs, mine in ((their_answer, my_answer), (their_verdict, my_verdict)):
         assert math.exp(sum(theirs[0].logprobs)) == pytest.approx(math.exp(sum(mine[0].logprobs)), abs=0.02)
     assert math.exp(sum(their_verdict[0].logprobs)) >= 0.5  # greedy between two: at least half
+
+
+def test_vllm_starts_live_work_before_spare_and_background_work(vllm, tok):
+    """With every slot taken, work that waits is started by its rank: a live call sent after a
+    spare one (the long path's candidates beyond its first) and a background one (a question's
+    work in its grace, nobody waiting) gets the first slot that frees, the spare one the next, the
+    background one the last. Under fcfs they would finish in the order they were sent."""
+    url, _ = vllm
+    ids = tok.encode("Once upon a time")
+
+    def tokens(n: int) -> list[BranchParams]:
+        return [BranchParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)]
+
+    async def race() -> list[str]:
+        remote = OpenAIEngine(tok, f"{url}/v1", dialect="vllm")
+        finished: list[str] = []
+
+        async def one(name: str, tag: object) -> None:
+            await remote.sample(ids, tokens(24), tag=tag)
+            finished.append(name)
+
+        try:
+            # Every slot taken, the slots freeing one at a time, 8 tokens apart.
+            blockers = [asyncio.ensure_future(remote.sample(ids, tokens(24 + 8 * i))) for i in range(SLOTS)]
+            assert await asyncio.to_thread(wait_for, lambda: vllm_metric(url, "vllm:num_requests_running") == SLOTS, 30)
+            waiting = []
+            for name, tag in [
+                ("background", WorkTag("r1", lambda: False)),
+                ("spare", SpareTag("r2", lambda: False)),
+                ("live", "r3"),
+            ]:
+                waiting.append(asyncio.ensure_future(one(name, tag)))
+                await asyncio.sleep(0.1)  # each arrives after the one before
+            assert await asyncio.to_thread(vllm_metric, url, "vllm:num_requests_waiting") == 3
+            await asyncio.gather(*blockers, *waiting)
+        finally:
+            await remote.close()
+        return finished
+
+    assert asyncio.run(race()) == ["live", "spare", "background"]
 
 
 def test_the_exact_estimator_and_a_free_text_response(egrm):

@@ -32,7 +32,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
-from egrm.engines.base import FinishReason, is_background, is_spare, request_of
+from egrm.engines.base import BACKGROUND, LIVE, SPARE, FinishReason, rank_of, request_of
 from egrm.engines.embedded.attention import FEW_QUERIES
 from egrm.engines.embedded.kv_cache import BlockManager
 from egrm.engines.embedded.sequence import Job, Sequence, Status
@@ -59,8 +59,6 @@ STEP_SHARE = 48.0
 # and spare work waits; it is aborted, never computed, when its caller finds it does not need it.
 SPARE_ROWS = 8
 
-LIVE, SPARE, BACKGROUND = 0, 1, 2  # a sequence's priority: what a step computes first
-
 
 def _cost(seq: Sequence, tokens: int) -> float:
     """Budget units per token for seq's next `tokens` tokens."""
@@ -74,13 +72,8 @@ def _tag(seq: Sequence) -> Any:
 
 
 def _priority(seq: Sequence) -> int:
-    """LIVE: somebody waits for seq's work; SPARE: it may turn out unneeded; BACKGROUND: nobody
-    waits for it any more."""
-    if seq.job is None:
-        return LIVE
-    if is_background(seq.job.tag):
-        return BACKGROUND
-    return SPARE if is_spare(seq.job.tag) else LIVE
+    """What a step computes first: LIVE, then SPARE, then BACKGROUND work (see engines/base.py)."""
+    return LIVE if seq.job is None else rank_of(seq.job.tag)
 
 
 def _live(seq: Sequence) -> bool:

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from egrm.aio import gather_or_cancel
-from egrm.engines.base import Branch, BranchParams, EngineBusyError, EngineStats, EngineUnavailableError, appended_ids
+from egrm.engines.base import (
+    LIVE,
+    Branch,
+    BranchParams,
+    EngineBusyError,
+    EngineStats,
+    EngineUnavailableError,
+    appended_ids,
+    rank_of,
+)
 from egrm.engines.remote.client import BackendClient
 from egrm.engines.remote.tokenizer import LocalTokenizer
 
@@ -118,8 +127,9 @@ class CompletionsEngine(RemoteEngine, ABC):
     """A backend whose one call samples n branches of one parameter set from one prompt."""
 
     @abstractmethod
-    async def _complete(self, ids: list[int], p: BranchParams, n: int) -> list[Branch]:
-        """n branches of p from the prompt ids, in one server call."""
+    async def _complete(self, ids: list[int], p: BranchParams, n: int, rank: int = LIVE) -> list[Branch]:
+        """n branches of p from the prompt ids, in one server call; rank: what the work is (rank_of),
+        for a server that schedules by priority."""
 
     async def continue_branches(
         self,
@@ -131,6 +141,8 @@ class CompletionsEngine(RemoteEngine, ABC):
         """One call per branch, its whole context as the prompt: the server serves all but the
         appended ids from its prompt cache."""
         contexts = self._contexts(handles, appended, branches)
+        rank = rank_of(tag)
         async with self._slot(len(branches)):
-            done = await gather_or_cancel([self._complete(c, b, 1) for c, b in zip(contexts, branches, strict=True)])
+            calls = [self._complete(c, b, 1, rank) for c, b in zip(contexts, branches, strict=True)]
+            done = await gather_or_cancel(calls)
         return [one[0] for one in done]
