@@ -36,7 +36,11 @@ def test_scores_come_back_in_order_from_the_loaded_scorer(worker):
     ]
     r = score(worker, {"candidates": [dataclasses.asdict(c) for c in candidates]})
     assert r.status_code == 200, r.text
-    assert r.json() == {"scores": asyncio.run(load_scorer(None).score(candidates)), "scorer": "TrainedScorer"}
+    assert r.json() == {
+        "scores": asyncio.run(load_scorer(None).score(candidates)),
+        "scorer": "TrainedScorer",
+        "calibrated": True,  # its score is a probability of being right: early stop may act on it
+    }
 
 
 @pytest.mark.parametrize(
@@ -102,7 +106,7 @@ _SERIES = (
 def test_health_and_readiness(worker):
     assert httpx.get(f"{worker}/healthz").json() == {"status": "ok"}
     r = httpx.get(f"{worker}/readyz")
-    assert r.status_code == 200 and r.json() == {"ready": True}
+    assert r.status_code == 200 and r.json() == {"ready": True, "calibrated": True}
 
 
 def test_a_bad_checkpoint_stops_the_worker_with_a_clear_message(tmp_path):
@@ -116,4 +120,5 @@ def test_the_worker_serves_the_shipped_trained_scorer_when_asked():
     with scorer_process(args=["--checkpoint", "trained"]) as (url, _):
         r = score(url, {"candidates": [dataclasses.asdict(CANDIDATE)]})
     assert r.status_code == 200, r.text
-    assert r.json() == {"scores": asyncio.run(load_scorer("trained").score([CANDIDATE])), "scorer": "TrainedScorer"}
+    scores = asyncio.run(load_scorer("trained").score([CANDIDATE]))
+    assert r.json() == {"scores": scores, "scorer": "TrainedScorer", "calibrated": True}
