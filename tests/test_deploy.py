@@ -52,6 +52,7 @@ K8S = [doc for path in sorted(K8S_DIR.glob("*.yaml")) if path.name != "kustomiza
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet")
 GPU_SERVICES = {"sglang", "dcgm-exporter"}  # compose's gpu profile
 VLLM_DIR = ROOT / "deploy" / "k8s-vllm"
+POD_FOLDERS = {"/opt/egrm/served-model"}  # filled by the api pod's init container
 
 
 def k8s(kind: str, name: str) -> dict:
@@ -130,10 +131,12 @@ def test_service_env_names_are_settings_and_locust_env_names_are_read_by_the_loc
     ],
     ids=["compose-api", "k8s-configmap"],
 )
-def test_setting_values_in_deploy_files_are_valid(env, monkeypatch):
+def test_setting_values_in_deploy_files_are_valid(env, monkeypatch, tmp_path):
     for name, value in env.items():
         if name not in PENDING_SETTINGS:
-            monkeypatch.setenv(name, value)
+            # A folder only the pod has (filled by its init container; see the test below) stands
+            # for one that exists.
+            monkeypatch.setenv(name, str(tmp_path) if value in POD_FOLDERS else value)
     settings = Settings()  # raises on any value the service would refuse at start
     assert settings.port == SETTINGS_PORT
 
@@ -230,6 +233,7 @@ def vllm_flags_of_the_measured_server(args: list[str]) -> None:
     matter on a GPU too: cached-token counts in usage, no sampling defaults from the model's files."""
     assert "--enable-prompt-tokens-details" in args and flag(args, "--generation-config") == "vllm"
     assert "--disable-uvicorn-access-log" in args
+    assert flag(args, "--scheduling-policy") == "priority"  # egrm's spare and background calls wait
 
 
 def test_compose_vllm_is_the_api_openai_engine_in_its_profile():
@@ -269,6 +273,26 @@ def test_the_vllm_overlay_swaps_sglang_for_vllm_runtimes_the_api_reaches():
     vllm_flags_of_the_measured_server(c["args"])
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert probe_path_and_port(c, "readinessProbe") == ("/health", url.port)
+
+
+def test_the_api_pods_tokenize_with_the_model_the_runtimes_serve():
+    """egrm sends the runtime token ids: EGRM_MODEL is the folder the api pod's init container fills
+    with the served model's tokenizer files, the model SGLang's workers and the vLLM overlay serve."""
+    api = workload("egrm-api")["spec"]["template"]["spec"]
+    (init,) = api["initContainers"]
+    served = flag(container(workload("sglang-worker"))["command"], "--model-path")
+    assert init["image"] == container(workload("egrm-api"))["image"]
+    assert init["command"][:3] == ["hf", "download", served] and "*.safetensors" not in init["command"]
+    folder = flag(init["command"], "--local-dir")
+    assert k8s("ConfigMap", "egrm-config")["data"]["EGRM_MODEL"] == folder and folder in POD_FOLDERS
+    (mount,) = init["volumeMounts"]
+    assert mount["mountPath"] == folder
+    assert {"name": mount["name"], "mountPath": folder, "readOnly": True} in container(workload("egrm-api"))[
+        "volumeMounts"
+    ]
+    assert {"name": mount["name"], "emptyDir": {}} in api["volumes"]
+    (runtime,) = [d for d in load_yaml(VLLM_DIR / "vllm.yaml") if d["kind"] == "Deployment"]
+    assert container(runtime)["args"][0] == served
 
 
 def test_sglang_runtimes_honour_sampling_seeds():

@@ -24,6 +24,7 @@ import pytest
 
 from egrm.config import Settings
 from egrm.engines.base import BranchParams, SpareTag, WorkTag
+from egrm.engines.embedded.fetch import GEMMA3_270M, fetch_model
 from egrm.engines.openai import OpenAIEngine
 from egrm.main import create_app
 from loadtest.serverproc import free_port, vllm_server
@@ -251,6 +252,30 @@ def test_a_stalled_vllm_is_504_and_the_retry_loses_nothing(vllm, model_path):
     (result,) = retry.json()["results"]
     assert result["error"] is None and result["reward"] is not None
     assert result["shared"] in ("joined", "cached")  # the stalled request's work, not a new one
+
+
+def test_a_tokenizer_other_than_the_served_models_is_refused(vllm, tok):
+    """egrm sends token ids, so EGRM_MODEL must tokenize as the served model does: readiness asks
+    vLLM's /tokenize once. Another family's tokenizer (Gemma 3's, against the judge vLLM serves) is
+    not ready, and a request is a 503 that says why, before any id is sent."""
+    gemma = fetch_model(Settings().cache_dir, GEMMA3_270M)  # `make test` fetched it (`make gemma`)
+    with serve(create_app(on_vllm(gemma, vllm[0], chat_template="gemma"))) as url:
+        assert wait_for(lambda: httpx.get(f"{url}/readyz", timeout=10).status_code == 503, 15)
+        before = vllm_requests(vllm[0])
+        r = rewards(url, [RIGHT], path="short")
+    assert r.status_code == 503, r.text
+    message = r.json()["error"]["message"]
+    assert "tokenizes text otherwise than EGRM_MODEL's tokenizer" in message and "gemma" in message.lower()
+    assert vllm_requests(vllm[0]) == before  # nothing was sent
+
+    async def matching() -> bool:  # the judge's own tokenizer passes the same check
+        remote = OpenAIEngine(tok, f"{vllm[0]}/v1", dialect="vllm")
+        try:
+            return await remote.ready()
+        finally:
+            await remote.close()
+
+    assert asyncio.run(matching())
 
 
 def test_vllm_gone_is_503_and_not_ready(vllm, egrm):

@@ -24,6 +24,13 @@ import aiohttp
 from egrm.engines.base import BackendRejectedError, EngineBusyError, EngineUnavailableError
 
 _REJECTED = {400, 413, 422}
+_NOT_SERVED = {404, 405}
+
+
+class NotServedError(EngineUnavailableError):
+    """The server does not serve that path (an optional endpoint another release or runtime has)."""
+
+
 _CONNECT_S = 5.0  # connecting should be quick; generating may take as long as the deadline allows
 
 
@@ -59,8 +66,8 @@ class BackendClient:
             )
         return self._session
 
-    async def post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._send("POST", path, body)
+    async def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> Any:
+        return await self._send("POST", path, body, timeout_s)
 
     async def get(self, path: str, timeout_s: float | None = None) -> Any:
         return await self._send("GET", path, None, timeout_s)
@@ -98,6 +105,8 @@ class BackendClient:
             raise BackendRejectedError(f"{where} rejected the input (HTTP {status}): {detail}")
         if status == 429:
             raise EngineBusyError(f"{where} is busy (HTTP 429): {detail}")
+        if status in _NOT_SERVED:
+            raise NotServedError(f"{where} does not serve {method} {path} (HTTP {status}): {detail}")
         raise EngineUnavailableError(f"{where} failed {method} {path} with HTTP {status}: {detail}")
 
     def _json(self, path: str, text: bytes) -> Any:
