@@ -53,6 +53,7 @@ async def run_policy(
     """All groups through one policy, `clients` requests in flight at a time."""
     todo = list(enumerate(batch))
     judged: list[tuple[LabelledItem, Any]] = []
+    latencies: list[float] = []  # ms per group request
 
     async def client() -> None:
         while todo:
@@ -60,7 +61,9 @@ async def run_policy(
             options = config.options(mode, group[0].template, config.seed + 10_000 * index + _SEEDS)
             # What the trainer asks for: no samples returned, no estimate the policy does not read.
             options = replace(options, return_samples=False, with_exact=False, extra_always=0)
+            sent = time.perf_counter()
             results = await pipeline.score([i.judge_item() for i in group], options)
+            latencies.append((time.perf_counter() - sent) * 1000)
             judged.extend(zip(group, results, strict=True))
 
     start = time.perf_counter()
@@ -69,6 +72,9 @@ async def run_policy(
     return {
         "items_per_s": round(len(judged) / wall, 3),
         "wall_s": round(wall, 1),
+        # A trainer's step waits for its slowest group: the tail of a group request's latency.
+        "request_p50_ms": round(statistics.median(latencies)),
+        "request_p90_ms": round(statistics.quantiles(latencies, n=10)[-1]) if len(latencies) > 1 else None,
         "completion_tokens_per_item": round(statistics.fmean(r.usage.completion_tokens for _, r in judged), 1),
         "accuracy": round(statistics.fmean(r.answer == i.gold for i, r in judged), 4),
         "errors": sum(r.error is not None for _, r in judged),
