@@ -39,7 +39,7 @@ from egrm.engines.base import (
     FinishReason,
 )
 from egrm.engines.embedded.constraint import TrieNode, build_trie
-from egrm.engines.remote.base import CompletionsEngine
+from egrm.engines.remote.base import TOKENIZER_PROBE, CompletionsEngine
 
 _COMPLETION = "/completion"
 # Top entries asked for at each constrained position: enough to hold every allowed first token
@@ -195,14 +195,16 @@ class LlamaCppEngine(CompletionsEngine):
     async def ready(self) -> bool:
         if not await self._client.probe("/health", self._ready_timeout_s):
             return False
-        if self._served_model is None:  # the name is cosmetic: health alone decides readiness
+        if not await self._compare_tokenizers("/tokenize", {"content": TOKENIZER_PROBE, "add_special": False}):
+            return False
+        if self._served_model is None:  # the name is cosmetic: health and the tokenizer decide readiness
             try:
                 props = await self._client.get("/props", self._ready_timeout_s)
             except (EngineUnavailableError, BackendRejectedError):
-                return True
+                return self._refusal is None
             alias = props.get("model_alias") if isinstance(props, dict) else None
             self._served_model = str(alias) if alias else None
-        return True
+        return self._refusal is None
 
 
 def _logsumexp(values: Sequence[float]) -> float:

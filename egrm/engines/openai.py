@@ -51,17 +51,13 @@ from egrm.engines.base import (
     rank_of,
 )
 from egrm.engines.remote.answers import answers_regex
-from egrm.engines.remote.base import CompletionsEngine
-from egrm.engines.remote.client import NotServedError
+from egrm.engines.remote.base import TOKENIZER_PROBE, CompletionsEngine
 from egrm.engines.remote.tokenizer import LocalTokenizer
 
 Dialect = Literal["openai", "vllm", "vllm-legacy"]
 _COMPLETIONS = "/completions"
 _NO_GUIDED_REGEX = (0, 12)  # the first vLLM release without guided_regex
 _TOKEN_ID = "token_id:"  # how vLLM names a token by its id (return_tokens_as_token_ids)
-# Read by the served model's tokenizer and egrm's at readiness: digits, words, punctuation and
-# non-ASCII, where two vocabularies part at once.
-_PROBE = "Is 2,756 = 52 * 53? Señor Zoë's naïve café: Yes. ✓"
 
 
 class OpenAIEngine(CompletionsEngine):
@@ -83,7 +79,6 @@ class OpenAIEngine(CompletionsEngine):
         self._listing = asyncio.Lock()  # calls that find no model yet ask the server once, not each
         self.dialect = dialect
         self._asked = False  # the server's version was asked for (vllm-legacy only, once)
-        self._compared = False  # the server's tokenizer was compared with egrm's (vLLM dialects, once)
 
     @property
     def model_name(self) -> str:
@@ -199,35 +194,13 @@ class OpenAIEngine(CompletionsEngine):
                 self._model = self._listed(listing)
         except (EngineUnavailableError, EngineBusyError, BackendRejectedError):
             return False
-        if self.dialect != "openai" and not self._compared and not await self._check_tokenizer():
-            return False
+        if self.dialect != "openai":  # vLLM's /tokenize, at the server root beside /version
+            body = {"model": self.model_name, "prompt": TOKENIZER_PROBE, "add_special_tokens": False}
+            if not await self._compare_tokenizers(f"{self.url.removesuffix('/v1')}/tokenize", body):
+                return False
         if self.dialect == "vllm-legacy" and not self._asked:
             await self._check_guided_regex()
         return self._refusal is None
-
-    async def _check_tokenizer(self) -> bool:
-        """Refuse a vLLM whose model tokenizes text otherwise than EGRM_MODEL's tokenizer: egrm sends
-        token ids, which another vocabulary reads as other words, and every reward would be noise
-        without an error anywhere. Asked once (POST /tokenize, at the server root); a server that
-        does not serve it is taken as it is. False: not asked yet (no answer in time)."""
-        body = {"model": self.model_name, "prompt": _PROBE, "add_special_tokens": False}
-        try:
-            answer = await self._client.post(f"{self.url.removesuffix('/v1')}/tokenize", body, self._ready_timeout_s)
-        except NotServedError:
-            answer = None
-        except (EngineUnavailableError, EngineBusyError, BackendRejectedError):
-            return False
-        self._compared = True
-        theirs = answer.get("tokens") if isinstance(answer, dict) else None
-        mine = self.encode(_PROBE)
-        if isinstance(theirs, list) and theirs != mine:
-            self._refuse(
-                f"the model at {self.url} ({self.model_name}) tokenizes text otherwise than EGRM_MODEL's tokenizer "
-                f"({self._tok.name}): {len(theirs)} tokens against {len(mine)} for the same probe. egrm sends "
-                "token ids, so it would send other words: set EGRM_MODEL to a local folder with the served "
-                "model's tokenizer files"
-            )
-        return True
 
     async def _check_guided_regex(self) -> None:
         """Refuse a vLLM that ignores guided_regex. Asked once; a server without GET /version is

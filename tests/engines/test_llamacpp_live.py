@@ -16,6 +16,7 @@ import pytest
 
 from egrm.config import Settings
 from egrm.engines.base import BranchParams
+from egrm.engines.embedded.fetch import GEMMA3_270M, fetch_model
 from egrm.engines.llamacpp import LlamaCppEngine
 from egrm.llamacpp_local import judge_gguf
 from egrm.main import create_app
@@ -150,6 +151,18 @@ def test_greedy_agrees_with_the_embedded_engine_and_verdicts_are_renormalised(ll
     p_remote, p_local = (math.exp(sum(v[0].logprobs)) for v in (their_verdict, my_verdict))
     assert 0.5 <= p_remote <= 1.0
     assert p_remote == pytest.approx(p_local, abs=0.02)
+
+
+def test_a_tokenizer_other_than_the_served_models_is_refused(llama):
+    """egrm sends llama-server token ids: readiness asks its /tokenize once. Gemma 3's tokenizer
+    against the judge it serves is not ready, and a request is a 503 that says why."""
+    gemma = fetch_model(Settings().cache_dir, GEMMA3_270M)  # `make test` fetched it (`make gemma`)
+    settings = Settings(model=str(gemma), engine="llamacpp", llamacpp_url=llama, chat_template="gemma")
+    with serve(create_app(settings)) as url:
+        assert wait_for(lambda: httpx.get(f"{url}/readyz", timeout=10).status_code == 503, 15)
+        r = rewards(url, [RIGHT], path="short")
+    assert r.status_code == 503, r.text
+    assert "tokenizes text otherwise than EGRM_MODEL's tokenizer" in r.json()["error"]["message"]
 
 
 def test_a_killed_server_is_503_and_not_ready_then_recovers(gguf, base_model_path):

@@ -15,6 +15,7 @@ from typing import Any
 from egrm.aio import gather_or_cancel
 from egrm.engines.base import (
     LIVE,
+    BackendRejectedError,
     Branch,
     BranchParams,
     EngineBusyError,
@@ -23,10 +24,14 @@ from egrm.engines.base import (
     appended_ids,
     rank_of,
 )
-from egrm.engines.remote.client import BackendClient
+from egrm.engines.remote.client import BackendClient, NotServedError
 from egrm.engines.remote.tokenizer import LocalTokenizer
 
 log = logging.getLogger(__name__)
+
+# Read by the served model's tokenizer and egrm's at readiness: digits, words, punctuation and
+# non-ASCII, where two vocabularies part at once.
+TOKENIZER_PROBE = "Is 2,756 = 52 * 53? Señor Zoë's naïve café: Yes. ✓"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,7 @@ class RemoteEngine:
         self._in_flight = 0
         self._stats = EngineStats()
         self._refusal: str | None = None  # why this backend cannot judge (found by ready())
+        self._compared = False  # the server's tokenizer was compared with egrm's (once)
 
     @property
     def url(self) -> str:
@@ -95,6 +101,31 @@ class RemoteEngine:
         """From now on, not ready, and every call fails with why (a 503 that says it)."""
         self._refusal = why
         log.error("%s", why)
+
+    async def _compare_tokenizers(self, path: str, body: dict[str, Any]) -> bool:
+        """Refuse a server whose model tokenizes TOKENIZER_PROBE otherwise than EGRM_MODEL's tokenizer:
+        egrm sends token ids, which another vocabulary reads as other words, and every reward would
+        be noise with no error anywhere. Asked once (body: the server's tokenize request for the
+        probe; its answer's `tokens`); a server that does not serve `path` is taken as it is.
+        False: no answer in time (asked again at the next check)."""
+        if self._compared:
+            return True
+        try:
+            answer = await self._client.post(path, body, self._ready_timeout_s)
+        except NotServedError:
+            answer = None
+        except (EngineUnavailableError, EngineBusyError, BackendRejectedError):
+            return False
+        self._compared = True
+        theirs = answer.get("tokens") if isinstance(answer, dict) else None
+        mine = self.encode(TOKENIZER_PROBE)
+        if isinstance(theirs, list) and theirs != mine:
+            self._refuse(
+                f"the model at {self.url} tokenizes text otherwise than EGRM_MODEL's tokenizer ({self._tok.name}): "
+                f"{len(theirs)} tokens against {len(mine)} for the same probe. egrm sends token ids, so it would "
+                "send other words: set EGRM_MODEL to the served model (a local folder with its tokenizer files)"
+            )
+        return True
 
     def _handle(self, context: Sequence[int], own_ids: Sequence[int]) -> RemoteBranch:
         return RemoteBranch(id(self), (*context, *self._tok.without_eos(list(own_ids))))
