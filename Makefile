@@ -61,8 +61,9 @@ bench: model  ## every benchmark, one JSON line each
 bench-peers: llama-judge vllm  ## egrm's embedded engine vs llama-server and vLLM on this CPU, side by side (JSON)
 	$(BIN)/python -m loadtest.bench_peers --json
 
-bench-remote: model vllm  ## egrm over vLLM against its own calls replayed straight to vLLM (JSON, about 12 min)
+bench-remote: model vllm  ## egrm over vLLM: against its own calls replayed, then early stop under load by vLLM's scheduling (JSON, about 25 min)
 	$(BIN)/python -m loadtest.bench_remote
+	$(BIN)/python -m loadtest.bench_remote_spares
 
 loadtest: model  ## locust (4 users, 60 s) against a fresh server; CSV + HTML in reports/; fails on any error
 	$(BIN)/python -m loadtest.run_locust --users $(or $(USERS),4) --run-time $(or $(RUN_TIME),60s)
