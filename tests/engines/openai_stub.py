@@ -38,6 +38,10 @@ class StubOpenAI:
     api_key: str = ""
     vllm: bool = False  # answer vLLM's extra fields (token_ids, cached-token details) and /version
     version: str = "0.11.2"  # the vLLM release GET /version names
+    # POST /tokenize (vLLM's, at the root; with vllm only): "same" reads the prompt with tok, "other"
+    # with another vocabulary (every id moved by one), "refuse" answers 400 (a release whose fields
+    # differ); "absent": not served (404).
+    tokenize: str = "same"
     answers: AnswerScript = field(default_factory=unanimous)
     requests: list[dict[str, Any]] = field(default_factory=list)
     failures: list[tuple[int, bytes, str]] = field(default_factory=list)
@@ -58,6 +62,18 @@ class StubOpenAI:
             if not self.vllm:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
             return JSONResponse({"version": self.version})
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> Response:
+            body = await request.json()
+            if not self.vllm or self.tokenize == "absent":
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            if self.tokenize == "refuse":
+                error = {"message": "unknown field", "type": "BadRequestError", "param": None, "code": 400}
+                return JSONResponse({"error": error}, status_code=400)
+            ids = self.tok.encode(body["prompt"])
+            tokens = ids if self.tokenize == "same" else [i + 1 for i in ids]
+            return JSONResponse({"count": len(tokens), "max_model_len": 8192, "tokens": tokens, "token_strs": None})
 
         @app.get("/v1/models")
         async def models(request: Request) -> Response:

@@ -149,6 +149,31 @@ def test_spare_and_background_work_carry_vllms_request_priority(server, tok, dia
     assert sent == ([None, 1, 2, None] if ranked else [None] * 4)  # a spare once needed is live work
 
 
+@pytest.mark.parametrize(("tokenize", "ready"), [("same", True), ("other", False), ("absent", True), ("refuse", True)])
+def test_readiness_compares_the_servers_tokenizer_once(server, tok, caplog, tokenize, ready):
+    """egrm sends token ids: a vLLM whose model reads the probe otherwise is refused (not ready, and
+    every call a 503 that says why, before anything is sent); one that does not serve /tokenize, or
+    refuses the request, is taken as it is (logged). Live against a real vLLM in test_vllm_live.py."""
+    stub, url = server
+    stub.vllm, stub.version, stub.tokenize = True, "0.12.0", tokenize
+
+    async def twice(engine):
+        first, again = await engine.ready(), await engine.ready()
+        try:
+            await engine.sample(prompt_ids(tok), answer_params()[:1])
+        except EngineUnavailableError as exc:
+            return first, again, str(exc)
+        return first, again, None
+
+    first, again, refused = run(url, tok, twice, dialect="vllm")
+    assert first is again is ready
+    if ready:
+        assert refused is None and len(stub.requests) == 1
+    else:
+        assert "tokenizes text otherwise than EGRM_MODEL's tokenizer" in refused and not stub.requests
+    assert ("cannot compare the tokenizer" in caplog.text) is (tokenize in ("absent", "refuse"))
+
+
 @pytest.mark.parametrize(
     ("dialect", "version", "ready"),
     [

@@ -106,15 +106,17 @@ class RemoteEngine:
         """Refuse a server whose model tokenizes TOKENIZER_PROBE otherwise than EGRM_MODEL's tokenizer:
         egrm sends token ids, which another vocabulary reads as other words, and every reward would
         be noise with no error anywhere. Asked once (body: the server's tokenize request for the
-        probe; its answer's `tokens`); a server that does not serve `path` is taken as it is.
-        False: no answer in time (asked again at the next check)."""
+        probe; its answer's `tokens`); a server that does not serve `path`, or refuses the request
+        (another release's fields), is taken as it is. False: no answer in time (asked again at the
+        next check)."""
         if self._compared:
             return True
         try:
             answer = await self._client.post(path, body, self._ready_timeout_s)
-        except NotServedError:
+        except (NotServedError, BackendRejectedError) as exc:
+            log.warning("cannot compare the tokenizer of %s with egrm's: %s", self.url, exc)
             answer = None
-        except (EngineUnavailableError, EngineBusyError, BackendRejectedError):
+        except (EngineUnavailableError, EngineBusyError):
             return False
         self._compared = True
         theirs = answer.get("tokens") if isinstance(answer, dict) else None
