@@ -48,9 +48,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from egrm.config import Settings
 from egrm.engines.embedded.loader import resolve_dtype
 from egrm.factory import judge_model_path
-from loadtest.serverproc import free_port, running_server, vllm_server
+from loadtest.serverproc import free_port, running_server, vllm_counters, vllm_server
 
 SERVED = "judge"
+PREFIX_CACHE = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 COOL_DOWN_S = 2.0
 G = 8
 
@@ -181,15 +182,6 @@ def record(jobs: list[Job], model: str, vllm: str) -> None:
             recorder.current = None
 
 
-def vllm_counters(vllm: str) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for line in httpx.get(f"{vllm}/metrics", timeout=30).text.splitlines():
-        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
-            if line.startswith(name + "{"):
-                totals[name] = totals.get(name, 0.0) + float(line.split()[-1])
-    return totals
-
-
 def cold(vllm: str | None) -> None:
     """Empty vLLM's prefix cache and let the cores cool down."""
     if vllm is not None:
@@ -304,10 +296,10 @@ def side_by_side(jobs: list[Job], clients: int, model: str, vllm: str) -> dict[s
             else:
                 send = replayed(vllm)
             cold(vllm)
-            before = vllm_counters(vllm)
+            before = vllm_counters(vllm, *PREFIX_CACHE)
             walls[name] += asyncio.run(closed_loop(jobs, clients, send))[1]
         if name == "egrm":
-            after = vllm_counters(vllm)
+            after = vllm_counters(vllm, *PREFIX_CACHE)
             queries += after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
             hits += after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
     return {

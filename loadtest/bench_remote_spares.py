@@ -24,24 +24,22 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
-
 from egrm.config import Settings
 from egrm.engines.embedded.loader import resolve_dtype
 from egrm.evals.data import load_dataset
 from egrm.evals.harness import EvalConfig
 from egrm.evals.load import groups, run_policy
 from egrm.factory import judge_model_path, pipeline_from
-from loadtest.serverproc import free_port, vllm_server
+from loadtest.serverproc import free_port, vllm_counters, vllm_server
 
 SERVED = "judge"
 POLICIES = {"always_long": "long", "early_stop": "early"}
+GENERATED = "vllm:generation_tokens_total"
 
 
 def generated(url: str) -> float:
-    """Completion tokens vLLM has generated (vllm:generation_tokens_total, summed over labels)."""
-    lines = httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith("vllm:generation_tokens_total{"))
+    """Completion tokens vLLM has generated."""
+    return vllm_counters(url, GENERATED).get(GENERATED, 0.0)
 
 
 async def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -78,9 +76,16 @@ def main() -> None:
     out: dict[str, Any] = {"dtype": resolve_dtype(args.dtype), "clients": args.clients, "slots": args.slots}
     for policy in ("fcfs", "priority"):
         port = free_port()
-        flags = ["--scheduling-policy", policy, "--max-num-seqs", str(args.slots)]
+        flags = ["--max-num-seqs", str(args.slots)]
         with vllm_server(
-            judge_model_path(settings), settings.cache_dir, port, SERVED, out["dtype"], eager=True, args=flags
+            judge_model_path(settings),
+            settings.cache_dir,
+            port,
+            SERVED,
+            out["dtype"],
+            eager=True,
+            args=flags,
+            scheduling=policy,
         ):
             out[policy] = asyncio.run(measure(f"http://127.0.0.1:{port}", args))
     out["early_stop_items_per_s_priority_vs_fcfs"] = round(

@@ -162,6 +162,7 @@ def vllm_server(
     eager: bool = False,
     args: Sequence[str] = (),
     ready_timeout_s: float = 300,
+    scheduling: str = "priority",
 ) -> Iterator[subprocess.Popen]:
     """vLLM's OpenAI-compatible server (the CPU build `make vllm` installs) on 127.0.0.1:port serving
     the model folder, up once its /health answers; stopped on exit with every process it started.
@@ -169,7 +170,8 @@ def vllm_server(
     The flags are the ones measured on these machines (docs/engines.md, "vLLM"): 32-token KV blocks
     (CPU needs a multiple of 32; only full blocks are prefix-cached), prompts prefilled whole, the
     cached prompt tokens in each answer's usage, no sampling defaults from generation_config.json,
-    no access log line per call, scheduling by request priority. eager: no torch.compile warm-up
+    no access log line per call, scheduling by request priority (`scheduling`: vLLM's
+    --scheduling-policy; "fcfs" is vLLM's own default). eager: no torch.compile warm-up
     (ready in about 30 s here instead of 115-140 s; the tests' choice, not the benchmarks'). Dev mode serves
     POST /reset_prefix_cache, which benchmarks use to start each contender on a cold cache."""
     log = tempfile.NamedTemporaryFile(prefix="vllm-", suffix=".log", delete=False)
@@ -184,7 +186,7 @@ def vllm_server(
         *("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"),
         *("--enable-prompt-tokens-details", "--disable-uvicorn-access-log"),
         # egrm's spare and background calls carry a request priority: live work starts first.
-        *("--scheduling-policy", "priority"),
+        *("--scheduling-policy", scheduling),
         *(("--served-model-name", served_name) if served_name else ()),
         *(("--enforce-eager",) if eager else ()),
         *args,
@@ -203,6 +205,17 @@ def vllm_server(
         yield proc
     finally:
         _stop_group(proc)
+
+
+def vllm_counters(url: str, *names: str) -> dict[str, float]:
+    """vLLM's counters of those names at url/metrics, each summed over its label sets (a name vLLM
+    does not expose yet is left out)."""
+    totals: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        for name in names:
+            if line.startswith(name + "{"):
+                totals[name] = totals.get(name, 0.0) + float(line.split()[-1])
+    return totals
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
