@@ -182,7 +182,17 @@ def test_dockerfile_build_args_default_to_the_cpu_build_the_makefile_uses():
 
 
 def test_compose_services_ports_and_wiring():
-    assert set(SERVICES) == {"api", "scorer", "redis", "prometheus", "grafana", "locust", "vllm", *GPU_SERVICES}
+    assert set(SERVICES) == {
+        "api",
+        "scorer",
+        "redis",
+        "prometheus",
+        "grafana",
+        "locust",
+        "vllm",
+        "served-tokenizer",
+        *GPU_SERVICES,
+    }
     api, scorer = SERVICES["api"], SERVICES["scorer"]
     assert api["ports"] == [f"{SETTINGS_PORT}:{compose_port('api')}"] and compose_port("api") == SETTINGS_PORT
     assert scorer["command"] == SCORER_COMMAND
@@ -225,7 +235,8 @@ def test_compose_sglang_and_dcgm_exporter_are_gpu_profile_services():
     for svc in (sglang, dcgm):
         (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
         assert svc["profiles"] == ["gpu"] and device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert all("profiles" not in svc for name, svc in SERVICES.items() if name not in GPU_SERVICES | {"vllm"})
+    runtime_only = GPU_SERVICES | {"vllm", "served-tokenizer"}
+    assert all("profiles" not in svc for name, svc in SERVICES.items() if name not in runtime_only)
 
 
 def vllm_flags_of_the_measured_server(args: list[str]) -> None:
@@ -293,6 +304,27 @@ def test_the_api_pods_tokenize_with_the_model_the_runtimes_serve():
     assert {"name": mount["name"], "emptyDir": {}} in api["volumes"]
     (runtime,) = [d for d in load_yaml(VLLM_DIR / "vllm.yaml") if d["kind"] == "Deployment"]
     assert container(runtime)["args"][0] == served
+
+
+def test_compose_api_can_tokenize_with_the_model_the_runtimes_serve():
+    """Beside a runtime (profiles gpu and vllm) served-tokenizer fetches the tokenizer files of the
+    model SGLang and vLLM serve into the volume the api mounts, at the folder the header's commands
+    set EGRM_MODEL to; the api waits for it there, and starts without it on the embedded engine."""
+    init, api = SERVICES["served-tokenizer"], SERVICES["api"]
+    served = flag(SERVICES["sglang"]["command"], "--model-path")
+    assert SERVICES["vllm"]["command"][0] == served and "SERVED_MODEL" in served
+    assert init["command"][:3] == ["hf", "download", served] and "*.safetensors" not in init["command"]
+    assert set(init["profiles"]) == {*SERVICES["sglang"]["profiles"], *SERVICES["vllm"]["profiles"]}
+    assert init["image"] == api["image"] and init["restart"] == "no"
+    folder = flag(init["command"], "--local-dir")
+    volume = init["volumes"][0].split(":")[0]
+    assert init["volumes"] == [f"{volume}:{folder}"] and f"{volume}:{folder}:ro" in api["volumes"]
+    assert volume in COMPOSE["volumes"]
+    assert api["depends_on"]["served-tokenizer"] == {"condition": "service_completed_successfully", "required": False}
+    header = (ROOT / "docker-compose.yml").read_text().split("\nname:")[0]
+    for profile in ("gpu", "vllm"):
+        (command,) = [line for line in header.splitlines() if f"--profile {profile} " in line]
+        assert f"EGRM_MODEL={folder} " in command
 
 
 def test_sglang_runtimes_honour_sampling_seeds():
