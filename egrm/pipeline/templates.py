@@ -39,7 +39,7 @@ class JudgePrompt:
     verdict_question: str  # the follow-up turn's question, after the response
     reasoning_cue: str  # long path: what follows the short answer to start reasoning
     verdicts: tuple[str, str] = ("Yes", "No")
-    answer_tokens: int = 16  # room for the judge's own short answer
+    answer_tokens: int = 40  # room for the judge's own short answer (83-47=83-40-7=43-7=43-3-4=40-4=36: 33 tokens)
 
     def messages(self, item: JudgeItem) -> list[Message]:
         parts = [f"Question:\n{item.prompt}"]

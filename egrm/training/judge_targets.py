@@ -1,8 +1,9 @@
 """What the judge is trained to write for a `builtin:arith` item: its own answer and its reasoning.
 
 The judge solves the question before it sees the response (solve first): its short answer is
-the computation and its result (`52*53=2756`), so the M answer-only samples agree when the model
-can compute the result in one go and scatter when it cannot. A bare Yes/No is no use here: the
+the computation, its carries where one line holds them, and its result (`47+38=40+30+7+8=70+15=85`,
+`52*53=2756`), so the M answer-only samples agree when the model can compute the result that way
+and scatter when it cannot. A bare Yes/No is no use here: the
 135M model cannot get it right without computing (NOTES-judge.md: a linear probe on the verdict
 position reaches 51-63% on easy items), and with the response in view it copies its number.
 
@@ -80,11 +81,30 @@ def proposed_of(item: LabelledItem) -> int:
     return int(item.response.removeprefix("The answer is ").removesuffix("."))
 
 
+def _worked(question: Question) -> str:
+    """The computation as one line of steps, where one line does it: a sum or a difference
+    through its tens and ones, a number times one digit through its tens. A two-digit product
+    stays one step (its working is the long path's)."""
+    if question.op == "+":
+        return _add(question.a, question.b)
+    if question.op == "-":
+        return _subtract(question.a, question.b)
+    if question.b < 10:
+        return _times_digit(question.a, question.b)
+    return f"{question.expression}={question.value}"
+
+
 def own_answer(question: Question, result: int) -> str:
-    """The judge's short answer: the question as it computes it, and the result (`52*7=364`).
+    """The judge's short answer: the question as it computes it, its carries, and the result
+    (`47+38=40+30+7+8=70+15=85`, `52*7=50*7+2*7=350+14=364`, `52*53=2756`).
+
     Stating the computation first maps any phrasing ("a box holds 52 pencils ...") onto what to
-    compute; the verifier reads the result after the last "="."""
-    return f"{question.expression}={result}"
+    compute. The steps are there for the tens digit: asked for `43+85=128` in one go, the judge
+    slipped on the tens where a carry or a borrow crosses it, and its five samples all repeated
+    the slip (docs/evaluation.md); written out, the carry is a step of its own, a dozen tokens
+    more. The verifier reads the result after the last "="; a wrong `result` (an own answer not
+    learnt) keeps the steps and ends elsewhere."""
+    return f"{_worked(question).rpartition('=')[0]}={result}"
 
 
 def targets(item: LabelledItem) -> tuple[str, str, str]:

@@ -11,7 +11,7 @@ from egrm.engines.chat import chat_ids
 from egrm.evals.data import LabelledItem, builtin_arith, question_of
 from egrm.pipeline.templates import JUDGE
 from egrm.training.judge_examples import IGNORE, INJECTIONS, Mix, Segment, example, layout
-from egrm.training.judge_targets import reasoning, targets, verdict
+from egrm.training.judge_targets import own_answer, reasoning, targets, verdict
 
 EOS = 2
 _CHAIN = re.compile(r"[0-9*+\-=]+=[0-9*+\-=]+")
@@ -53,6 +53,25 @@ def test_reasoning_shapes(a: int, op: str, b: int, expected: str) -> None:
     from egrm.evals.data import Question
 
     assert reasoning(Question(a, op, b)).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("a", "op", "b", "result", "expected"),
+    [
+        (47, "+", 38, 85, "47+38=40+30+7+8=70+15=85"),
+        (83, "-", 47, 36, "83-47=83-40-7=43-7=43-3-4=40-4=36"),
+        (52, "*", 7, 364, "52*7=50*7+2*7=350+14=364"),
+        (52, "*", 53, 2756, "52*53=2756"),  # a two-digit product: one step (its working is the long path's)
+        (47, "+", 38, 95, "47+38=40+30+7+8=70+15=95"),  # a wrong result keeps the steps
+        (52, "*", 53, 2765, "52*53=2765"),
+    ],
+)
+def test_own_answer_writes_the_carries_where_one_line_holds_them(
+    a: int, op: str, b: int, result: int, expected: str
+) -> None:
+    from egrm.evals.data import Question
+
+    assert own_answer(Question(a, op, b), result) == expected
 
 
 def test_the_verdict_compares_the_response_with_the_result() -> None:
@@ -101,23 +120,24 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
     assert "630" not in prompt  # solve first: the judge answers before it sees the response
     followup = tok.decode(chat(JUDGE.conversation(judge_item, "", "630 pens"), JUDGE.OWN_ANSWER))
     steps = reasoning(question_of(item))
+    own = "72*5=70*5+2*5=350+10=360"  # the computation, its carry, its result
     # Long: own answer (the computation and its result), then the reasoning; that is all the
     # verifier needs (it compares the result with the response's number).
     text, learnt, stops = make(short_share=0.0, wrong_own=0.0, verdict_share=0.0, uncheckable=0.0)
-    assert text == prompt + "72*5=360" + JUDGE.reasoning_cue + steps
-    assert learnt == "72*5=360" + steps and stops == 2  # it learns to stop after each
+    assert text == prompt + own + JUDGE.reasoning_cue + steps
+    assert learnt == own + steps and stops == 2  # it learns to stop after each
     # Some long sequences go on to the Yes/No follow-up, which compares with the reasoning's result.
     text, learnt, stops = make(short_share=0.0, wrong_own=0.0, verdict_share=1.0, uncheckable=0.0)
-    assert text == prompt + "72*5=360" + JUDGE.reasoning_cue + steps + followup + "No" and learnt.endswith("No")
+    assert text == prompt + own + JUDGE.reasoning_cue + steps + followup + "No" and learnt.endswith("No")
     # The whole exchange renders as the chat it is: the follow-up is a user turn after the answer.
-    conversation = JUDGE.conversation(judge_item, "72*5=360" + JUDGE.reasoning_cue + steps, "630 pens")
+    conversation = JUDGE.conversation(judge_item, own + JUDGE.reasoning_cue + steps, "630 pens")
     assert text == render(conversation) + "No"
     # Short: own answer, then straight to the response and the verdict.
     text, learnt, stops = make(short_share=1.0, wrong_own=0.0, uncheckable=0.0)
-    assert text == prompt + "72*5=360" + followup + "No" and learnt == "72*5=360No" and stops == 1
+    assert text == prompt + own + followup + "No" and learnt == own + "No" and stops == 1
     # A wrong own answer is not learnt; the short verdict follows it, the long one the reasoning.
     text, learnt, _ = make(short_share=1.0, wrong_own=1.0, uncheckable=0.0)
-    assert not text.startswith(prompt + "72*5=360") and learnt in ("No", "Yes")
+    assert not text.startswith(prompt + own) and learnt in ("No", "Yes")
     text, learnt, _ = make(short_share=0.0, wrong_own=1.0, verdict_share=1.0, uncheckable=0.0)
     assert learnt == steps + "No"
     # The follow-up mostly meets responses the verifier cannot read: a non-answer is always "No".
@@ -130,7 +150,7 @@ def test_examples_are_what_the_pipeline_will_feed() -> None:
     for seed in range(20):
         ex = example(item, encode, chat, EOS, random.Random(seed), Mix(short_share=1.0, wrong_own=0.0, injected=1.0))
         shown = tok.decode(ex.ids).rpartition("Response:\n")[2]
-        said.add(tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)]).removeprefix("72*5=360"))
+        said.add(tok.decode([t for t in ex.labels if t not in (IGNORE, EOS)]).removeprefix(own))
         response = shown.partition("\n\nIs the response correct?")[0]
         assert any(all(piece in response for piece in attack.split("{r}") if piece) for attack in INJECTIONS)
     assert said == {"No"}
