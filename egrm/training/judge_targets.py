@@ -103,7 +103,8 @@ def own_answer(question: Question, result: int) -> str:
     slipped on the tens where a carry or a borrow crosses it, and its five samples all repeated
     the slip (docs/evaluation.md); written out, the carry is a step of its own, a dozen tokens
     more. The verifier reads the result after the last "="; a wrong `result` (an own answer not
-    learnt) keeps the steps and ends elsewhere."""
+    learnt) keeps the steps and ends elsewhere. The shipped adapter (round 8) learnt the result in
+    one go (`43+85=128`); round 9 learnt this and is not shipped (docs/training.md says why)."""
     return f"{_worked(question).rpartition('=')[0]}={result}"
 
 
