@@ -82,16 +82,12 @@ def proposed_of(item: LabelledItem) -> int:
 
 
 def _worked(question: Question) -> str:
-    """The computation as one line of steps, where one line does it: a sum or a difference
-    through its tens and ones, a number times one digit through its tens. A two-digit product
-    stays one step (its working is the long path's)."""
-    if question.op == "+":
-        return _add(question.a, question.b)
-    if question.op == "-":
-        return _subtract(question.a, question.b)
-    if question.b < 10:
-        return _times_digit(question.a, question.b)
-    return f"{question.expression}={question.value}"
+    """The computation as one line of steps, where one line does it: the reasoning itself for a sum,
+    a difference or a number times one digit. A two-digit product stays one step (its working,
+    several sentences, is the long path's)."""
+    if question.op == "*" and question.b >= 10:
+        return f"{question.expression}={question.value}"
+    return reasoning(question).removesuffix(".")
 
 
 def own_answer(question: Question, result: int) -> str:
