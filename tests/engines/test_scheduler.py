@@ -194,6 +194,29 @@ def test_beside_a_small_request_a_big_one_takes_at_most_the_step_share():
     assert len(steps) <= 10  # its prompt in a step, then its decodes: it is not queued behind the big one
 
 
+def test_beside_a_small_request_a_big_ones_spare_work_counts_in_its_share():
+    """Spare rows are cheap beside a short context, not beside a long one (a decode over 3,800 keys
+    cost a small request's step 20 ms more): a request whose live work took its share of the step
+    gets no spare rows in it."""
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=256, max_batch_tokens=512)
+    needed = Waited()
+    needed.waiters = 0
+    decode = [BranchParams(temperature=0, max_new_tokens=64)]
+    spares = job(40, SpareTag("big", needed), branches=2, params=decode)
+    scheduler.add(spares)
+    run(scheduler)  # its prompt: now its two branches decode
+    for _ in range(8):
+        scheduler.add(job(600, "big"))
+    run(scheduler)
+    assert all(s.status is Status.RUNNING for s in spares.sequences)  # decoding, in rows to spare
+    small = job(40, "small", branches=5, params=[BranchParams(temperature=0, max_new_tokens=8)])
+    scheduler.add(small)
+    while small in scheduler.jobs:
+        step = run(scheduler)
+        assert step.spare_tokens == 0, [(c.seq.job.tag, c.tokens) for c in step.chunks]
+        assert any(c.seq.job.tag == "big" for c in step.chunks)  # its live work keeps moving
+
+
 def test_spare_work_rides_in_rows_a_step_has_to_spare_and_is_live_once_needed():
     scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=512)
     needed = Waited()
