@@ -3,7 +3,7 @@ it all; and the scheduler's own update after each step (no model: every drawn to
 
 from egrm.engines.base import BranchParams, FinishReason, SpareTag, WorkTag
 from egrm.engines.embedded.kv_cache import BlockManager
-from egrm.engines.embedded.scheduler import SPARE_ROWS, STEP_SHARE, Scheduler, Step
+from egrm.engines.embedded.scheduler import SHARE_LINGER_S, SPARE_ROWS, STEP_SHARE, Scheduler, Step
 from egrm.engines.embedded.sequence import Job, Status
 
 ONE = [BranchParams(temperature=0, max_new_tokens=64)]
@@ -215,6 +215,44 @@ def test_beside_a_small_request_a_big_ones_spare_work_counts_in_its_share():
         step = run(scheduler)
         assert step.spare_tokens == 0, [(c.seq.job.tag, c.tokens) for c in step.chunks]
         assert any(c.seq.job.tag == "big" for c in step.chunks)  # its live work keeps moving
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_big_request_keeps_its_share_a_moment_after_a_small_one_left_but_a_newcomer_does_not():
+    """Between a small client's requests (its answer, its next request: tens of ms) the big request
+    alone would start a full step the next one waits for; for SHARE_LINGER_S it keeps its share."""
+    clock = Clock()
+    scheduler = Scheduler(BlockManager(8192), max_batch_branches=256, max_batch_tokens=512, clock=clock)
+    for _ in range(8):
+        scheduler.add(job(600, "big"))
+    small = job(40, "small", branches=5, params=[BranchParams(temperature=0, max_new_tokens=4)])
+    scheduler.add(small)
+    while small in scheduler.jobs:
+        run(scheduler)
+        clock.now += 0.03
+
+    def big_tokens() -> int:
+        return sum(c.tokens for c in run(scheduler).chunks if c.seq.job.tag == "big")
+
+    assert 0 < big_tokens() <= STEP_SHARE  # the small one has gone a moment ago
+    clock.now += SHARE_LINGER_S
+    assert big_tokens() > 300  # long enough alone: the step is its own again
+    # A request that arrives alone (a sequential client's next one) never takes the share it left.
+    newcomer = Job.sample(list(range(1000, 1400)), ONE, "next")  # no prefix in common with the others
+    scheduler.add(small_again := job(40, "small 2"))
+    while small_again in scheduler.jobs:
+        run(scheduler)
+    for j in [j for j in scheduler.jobs if j.tag == "big"]:
+        scheduler.abort(j)
+    scheduler.add(newcomer)
+    assert [c.tokens for c in run(scheduler).chunks] == [400]
 
 
 def test_spare_work_rides_in_rows_a_step_has_to_spare_and_is_live_once_needed():

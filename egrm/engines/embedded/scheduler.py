@@ -26,6 +26,7 @@ work nobody waits for any more only when no live work is to be done.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -60,6 +61,11 @@ STEP_SHARE = 48.0
 # Beside another request's live work, spare rows count in their own request's share (_share_cap):
 # over a long context a row is no longer cheap (a decode over 3,800 keys added 20 ms to a 26 ms step).
 SPARE_ROWS = 8
+# After the last step another request shared, the requests that shared it keep their share this
+# long: a small request's client answers and sends its next one in tens of milliseconds, and meanwhile
+# a big request alone would start a full step (100-700 ms over long prompts) that the next one waits
+# for. A request that arrives meanwhile (a sequential client's next one) is not bounded by it.
+SHARE_LINGER_S = 0.25
 
 
 def _cost(seq: Sequence, tokens: int) -> float:
@@ -133,9 +139,12 @@ class Scheduler:
         max_batch_tokens: int,
         eos_ids: frozenset[int] = frozenset(),
         text_of: Callable[[Seq[int]], str] = lambda ids: "",
+        clock: Callable[[], float] = time.monotonic,
     ):
         """eos_ids end a branch; text_of decodes tokens (stop strings and a branch's text)."""
         self.blocks = blocks
+        self.clock = clock
+        self.shared: tuple[float, float, frozenset[Any]] = (0.0, 0.0, frozenset())  # (until, cap, requests)
         self.max_batch_branches, self.max_batch_tokens = max_batch_branches, max_batch_tokens
         self.eos_ids, self.text_of = eos_ids, text_of
         self.jobs: list[Job] = []  # in flight, oldest first
@@ -269,7 +278,8 @@ class Scheduler:
         the smallest live request needs this step (its decodes, or its next prompt chunk), and at
         least STEP_SHARE. A step costs about a weights pass plus its tokens, so a one-item request
         beside a big one keeps steps near its own size: its latency is a few steps of its own, not
-        a few of the big one's (which would fill every step it shares). None with one request."""
+        a few of the big one's (which would fill every step it shares). With one request: None,
+        unless it shared a step less than SHARE_LINGER_S ago (then the share it had then)."""
         need: dict[Any, float] = {}
         for seq in self.running:
             if _live(seq) and seq.status is Status.RUNNING and seq.uncomputed == 1:
@@ -282,7 +292,13 @@ class Scheduler:
             if first is not None and tag not in need:
                 n = min(first.uncomputed, MIN_CHUNK)
                 need[tag] = n * _cost(first, n)
-        return max(STEP_SHARE, min(need.values())) if len(need) > 1 else None
+        now = self.clock()
+        if len(need) > 1:
+            cap = max(STEP_SHARE, min(need.values()))
+            self.shared = (now + SHARE_LINGER_S, cap, frozenset(need))
+            return cap
+        until, cap, requests = self.shared
+        return cap if need and now < until and set(need) <= requests else None
 
     def _plan_decodes(
         self,
