@@ -123,6 +123,16 @@ def test_a_request_with_nothing_running_may_preempt_a_big_one_that_holds_the_poo
     assert scheduler.preempted == 1
 
 
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Waited:
     """A question's work: waited for until its request's deadline passes."""
 
@@ -153,6 +163,25 @@ def test_work_nobody_waits_for_runs_only_in_steps_with_no_live_work():
     assert run(scheduler).background_tokens == 0
     waited.waiters = 1  # a retry joined it: live again, shared fairly
     assert orphan.sequences[0] in {c.seq for c in scheduler.schedule()}
+
+
+def test_work_nobody_waits_for_runs_in_short_steps_a_moment_after_live_work():
+    """A polite client between two requests has no live work: the orphan's full step then would
+    be what its next request waits for."""
+    clock = Clock()
+    scheduler = Scheduler(BlockManager(4096), max_batch_branches=128, max_batch_tokens=512, clock=clock)
+    waited = Waited()
+    waited.waiters = 0
+    orphan = Job.sample(list(range(1000, 3000)), ONE, WorkTag("hostile", waited))
+    scheduler.add(orphan)
+    polite = job(40, "polite", params=[BranchParams(temperature=0, max_new_tokens=2)])
+    scheduler.add(polite)
+    while polite in scheduler.jobs:
+        assert run(scheduler).background_tokens == 0
+    step = run(scheduler)
+    assert 0 < step.background_tokens <= STEP_SHARE  # just after live work: a short step
+    clock.now += SHARE_LINGER_S
+    assert run(scheduler).background_tokens > 300  # idle a while: the step is the orphan's
 
 
 def test_work_nobody_waits_for_gives_up_its_blocks_first_and_takes_none():
@@ -215,14 +244,6 @@ def test_beside_a_small_request_a_big_ones_spare_work_counts_in_its_share():
         step = run(scheduler)
         assert step.spare_tokens == 0, [(c.seq.job.tag, c.tokens) for c in step.chunks]
         assert any(c.seq.job.tag == "big" for c in step.chunks)  # its live work keeps moving
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_big_request_keeps_its_share_a_moment_after_a_small_one_left_but_a_newcomer_does_not():

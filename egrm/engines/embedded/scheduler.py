@@ -145,6 +145,7 @@ class Scheduler:
         self.blocks = blocks
         self.clock = clock
         self.shared: tuple[float, float, frozenset[Any]] = (0.0, 0.0, frozenset())  # (until, cap, requests)
+        self.live_until = 0.0  # SHARE_LINGER_S after the last step with live work
         self.max_batch_branches, self.max_batch_tokens = max_batch_branches, max_batch_tokens
         self.eos_ids, self.text_of = eos_ids, text_of
         self.jobs: list[Job] = []  # in flight, oldest first
@@ -259,16 +260,21 @@ class Scheduler:
         (what that request's live work left of it). Work nobody waits for (a question's work
         in its grace after a deadline) runs only in a step with no live work, in the blocks that
         are free: beside a live request's decode it would make each of that request's steps as
-        long as a full prompt chunk."""
+        long as a full prompt chunk; within SHARE_LINGER_S of live work, in a step of STEP_SHARE
+        (the next request of a client between two would wait for a full one)."""
         plan: dict[int, Chunk] = {}
         budget = float(self.max_batch_tokens)
         cap, used = self._share_cap(), defaultdict[Any, float](float)
         budget = self._plan_decodes(plan, budget, LIVE, cap, used)
         budget = self._plan_prefills(plan, budget, LIVE, cap, used)
+        if plan:
+            self.live_until = self.clock() + SHARE_LINGER_S
         if len(plan) < SPARE_ROWS:
             budget = self._plan_decodes(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
             budget = self._plan_prefills(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
         if not plan:
+            if self.clock() < self.live_until:  # a client may be between two requests: keep it short
+                budget = min(budget, STEP_SHARE)
             budget = self._plan_decodes(plan, budget, BACKGROUND, None, used)
             self._plan_prefills(plan, budget, BACKGROUND, None, used)
         return [c for c in plan.values() if c.tokens]
