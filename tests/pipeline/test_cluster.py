@@ -132,12 +132,14 @@ def test_a_replica_that_died_holding_a_question_is_taken_over_once_its_lease_lap
 
 def test_a_holder_that_keeps_working_keeps_its_lock_past_the_lease(redis_url):
     async def main():
-        a, b = replica(redis_url, lease_s=0.3), replica(redis_url, lease_s=0.3)
+        # A lease of 1 s, renewed every third of it: a 0.3 s lease lapsed once in `make test` (a
+        # stall of 0.2 s on this 2-core machine), and another replica then computed the question too.
+        a, b = replica(redis_url, lease_s=1.0), replica(redis_url, lease_s=1.0)
         work = Counted()
         first = asyncio.ensure_future(a.get(b"q3", work, decode))
         await started(work)
         second = asyncio.ensure_future(b.get(b"q3", work, decode))
-        await asyncio.sleep(1.0)  # three leases: a renews its lock, b keeps waiting
+        await asyncio.sleep(3.0)  # three leases: a renews its lock, b keeps waiting
         assert work.runs == 1 and not second.done()
         work.gate.set()
         assert (await first)[1] is Shared.COMPUTED and (await second)[1] is Shared.JOINED
