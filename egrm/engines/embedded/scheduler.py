@@ -52,10 +52,12 @@ MIN_CHUNK = 128
 ATTENTION_KEYS = 256
 # A request's share of a step while another request has live work is at least this many budget
 # units (a decode step costs about as much time here as 50 prompt tokens: its pass over the weights),
-# so a big request keeps moving beside small ones at most doubling their steps.
-STEP_SHARE = 48.0
+# so a big request keeps moving beside small ones, adding about half to their steps. At 48 (a whole
+# pass) a one-item request beside bench_hostile's took 815-940 ms, at 24 647-684 ms (Intel Xeon, bf16;
+# bench_mixed unchanged); before spare rows counted in the share, 24 had not helped.
+STEP_SHARE = 24.0
 # Spare work (SpareTag) rides along while a step computes fewer sequences than this: a decode row
-# costs about 1/50 of the pass over the weights that every step makes (STEP_SHARE), so up to 8
+# costs about 1/50 of the pass over the weights that every step makes, so up to 8
 # rows beside a small request add a few percent to its step. Under load, live rows fill the steps
 # and spare work waits; it is aborted, never computed, when its caller finds it does not need it.
 # Beside another request's live work, spare rows count in their own request's share (_share_cap):
