@@ -55,7 +55,9 @@ def test_padded_and_dense_attention_equal_the_plain_formula(counts):
     starts = [before + sum(counts[:s]) for s in range(rows)]
     query_index = torch.tensor([starts[s] + min(i, counts[s] - 1) for s in range(rows) for i in range(widest)])
     out_index = torch.tensor([s * widest + i for s in range(rows) for i in range(counts[s])])
-    padded = PaddedRows.build(query_index, row_blocks.flatten(), mask, out_index, size, torch.float32)
+    padded = PaddedRows.build(
+        query_index, row_blocks.flatten(), mask, out_index, size, torch.float32, heads // kv_heads
+    )
     got = padded.attend(q, kv)
     for s in range(rows):
         slots = (row_blocks[s][:, None] * size + torch.arange(size)).flatten()

@@ -153,6 +153,7 @@ class LeanRunner:
             torch.tensor(out_index, device=device),
             size,
             self.lean.dtype,
+            self.lean.heads // self.lean.kv_heads,
         )
 
 
