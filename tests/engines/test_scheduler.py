@@ -268,12 +268,13 @@ def test_a_big_request_keeps_its_share_a_moment_after_a_small_one_left_but_a_new
     clock.now += SHARE_LINGER_S
     assert big_tokens() > 300  # long enough alone: the step is its own again
     # A request that arrives alone (a sequential client's next one) never takes the share it left.
-    newcomer = Job.sample(list(range(1000, 1400)), ONE, "next")  # no prefix in common with the others
-    scheduler.add(small_again := job(40, "small 2"))
+    small_again = job(40, "small 2")
+    scheduler.add(small_again)
     while small_again in scheduler.jobs:
         run(scheduler)
     for j in [j for j in scheduler.jobs if j.tag == "big"]:
         scheduler.abort(j)
+    newcomer = Job.sample(list(range(1000, 1400)), ONE, "next")  # no prefix in common with the others
     scheduler.add(newcomer)
     assert [c.tokens for c in run(scheduler).chunks] == [400]
 

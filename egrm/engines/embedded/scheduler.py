@@ -266,22 +266,23 @@ class Scheduler:
         (the next request of a client between two would wait for a full one)."""
         plan: dict[int, Chunk] = {}
         budget = float(self.max_batch_tokens)
-        cap, used = self._share_cap(), defaultdict[Any, float](float)
+        now = self.clock()
+        cap, used = self._share_cap(now), defaultdict[Any, float](float)
         budget = self._plan_decodes(plan, budget, LIVE, cap, used)
         budget = self._plan_prefills(plan, budget, LIVE, cap, used)
         if plan:
-            self.live_until = self.clock() + SHARE_LINGER_S
+            self.live_until = now + SHARE_LINGER_S
         if len(plan) < SPARE_ROWS:
             budget = self._plan_decodes(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
             budget = self._plan_prefills(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
         if not plan:
-            if self.clock() < self.live_until:  # a client may be between two requests: keep it short
+            if now < self.live_until:  # a client may be between two requests: keep it short
                 budget = min(budget, STEP_SHARE)
             budget = self._plan_decodes(plan, budget, BACKGROUND, None, used)
             self._plan_prefills(plan, budget, BACKGROUND, None, used)
         return [c for c in plan.values() if c.tokens]
 
-    def _share_cap(self) -> float | None:
+    def _share_cap(self, now: float) -> float | None:
         """The most budget units one request may take of a step while others have live work: what
         the smallest live request needs this step (its decodes, or its next prompt chunk), and at
         least STEP_SHARE. A step costs about a weights pass plus its tokens, so a one-item request
@@ -300,7 +301,6 @@ class Scheduler:
             if first is not None and tag not in need:
                 n = min(first.uncomputed, MIN_CHUNK)
                 need[tag] = n * _cost(first, n)
-        now = self.clock()
         if len(need) > 1:
             cap = max(STEP_SHARE, min(need.values()))
             self.shared = (now + SHARE_LINGER_S, cap, frozenset(need))
