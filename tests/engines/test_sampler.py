@@ -92,3 +92,26 @@ def test_the_log_normaliser_equals_logsumexp_over_a_wide_range():
     scale = torch.tensor([1 / 0.6, 1 / 0.7, 1 / 0.8, 1 / 0.9, 1.0, 2.0, 10.0, 1e5])[:, None]
     expected = torch.logsumexp(logits * scale, -1, keepdim=True)
     torch.testing.assert_close(sampler.log_normaliser(logits, scale), expected, rtol=1e-6, atol=0)
+
+
+def test_a_row_sure_of_its_best_token_draws_it_without_a_search(monkeypatch):
+    """A row whose best token holds top_p of the mass at T=1 draws it at any temperature up to 1
+    (its share only grows as T falls): no top-K search, no tempered normaliser for it. A row at a
+    temperature above 1, or one less sure, is searched as before."""
+    searched: list[int] = []
+    search = sampler._nucleus_pick
+
+    def spy(logits, *rest):
+        searched.append(logits.shape[0])
+        return search(logits, *rest)
+
+    monkeypatch.setattr(sampler, "_nucleus_pick", spy)
+    sure, unsure = _logits([0.97, 0.02, 0.01]), _logits([0.5, 0.3, 0.2])
+    logits = torch.stack([sure, sure, sure, unsure])
+    temperatures = torch.tensor([0.6, 1.0, 1.5, 1.0])
+    drawn = [sample(logits, temperatures, torch.full((4,), 0.95), torch.full((4,), u)).tolist() for u in (0.0, 0.99)]
+    assert [d[:2] for d in drawn] == [[0, 0], [0, 0]]
+    # At T=1.5 the sure row is ~[0.89, 0.07, 0.04]: its nucleus is {0, 1}, and the 0.99 quantile is 1.
+    assert [d[2] for d in drawn] == [0, 1]
+    assert [d[3] for d in drawn] == [0, 2]
+    assert searched == [2, 2]  # the row at T=1.5 and the unsure one, once per draw

