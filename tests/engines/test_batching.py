@@ -9,6 +9,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from egrm.engines.base import BranchParams, EngineBusyError, RequestTooLargeError
+from egrm.engines.embedded.attention import PaddedRows
 from egrm.engines.embedded.engine import EmbeddedEngine
 from egrm.engines.embedded.sequence import Job
 
@@ -147,6 +148,32 @@ def test_a_long_prompt_is_computed_in_chunks_beside_the_decodes_of_others(loaded
     assert done_at["short"] < done_at["long"]  # it decoded while the long prompt went in, chunk by chunk
     assert tokens(first.future.result()) == tokens(asyncio.run(plain.sample(short, [GREEDY] * 3)))
     assert tokens(big.future.result()) == tokens(asyncio.run(plain.sample(long, [GREEDY] * 2)))
+
+
+def test_a_short_decode_is_not_padded_to_the_keys_of_a_long_one_beside_it(plain):
+    """Decode rows go to attention together, padded to a common shape: grouped by their key blocks
+    too, a short question's row reads its own few blocks, not a ~900-token prompt's."""
+    short, long = plain.encode_chat([{"role": "user", "content": QUESTIONS[0]}]), plain.encode(LONG)
+    alone = [tokens(asyncio.run(plain.sample(p, [GREEDY]))) for p in (short, long)]
+    runner = plain.core.runner
+    inputs = runner.inputs
+    widths: list[list[int]] = []  # per step: the key width of each padded attention call
+
+    def recording(chunks):
+        step = inputs(chunks)
+        widths.append(sorted(a.bias.shape[-1] for a in step.attention if isinstance(a, PaddedRows)))
+        return step
+
+    runner.inputs = recording
+    try:
+        jobs = [Job.sample(p, [GREEDY]) for p in (short, long)]
+        drive(plain, jobs)
+    finally:
+        del runner.inputs
+    assert [tokens(j.future.result()) for j in jobs] == alone
+    block = 16
+    own = -(-(len(short) + GREEDY.max_new_tokens) // block) * block  # the short row's keys, at most
+    assert any(len(w) == 2 and w[0] <= own < len(long) <= w[1] for w in widths), widths
 
 
 def test_the_prefix_cache_serves_shared_heads_with_the_same_output(loaded_fp32, plain):
