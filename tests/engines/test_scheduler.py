@@ -248,6 +248,31 @@ def test_beside_a_small_request_a_big_ones_spare_work_counts_in_its_share():
         assert any(c.seq.job.tag == "big" for c in step.chunks)  # its live work keeps moving
 
 
+def test_spare_work_of_a_request_with_no_live_work_takes_at_most_the_share_and_short_steps_after():
+    """A long request between its live calls (its scorer reading the first candidate) has only
+    spare work left: beside one small live request it takes at most the share a live request would,
+    and just after live work its steps are short (the small client's next request would wait for a
+    full one), as work nobody waits for."""
+    clock = Clock()
+    scheduler = Scheduler(BlockManager(8192), max_batch_branches=256, max_batch_tokens=512, clock=clock)
+    needed = Waited()
+    needed.waiters = 0
+    for _ in range(4):
+        scheduler.add(job(600, SpareTag("big", needed)))
+    small = job(40, "small", branches=5, params=[BranchParams(temperature=0, max_new_tokens=8)])
+    scheduler.add(small)
+    steps = []
+    while small in scheduler.jobs:
+        steps.append(run(scheduler))
+        clock.now += 0.03
+    share = max(STEP_SHARE, 41.0)  # as beside a live big request (its 40-token prompt: 41 units)
+    assert all(step.spare_tokens <= share for step in steps), [step.spare_tokens for step in steps]
+    assert any(step.spare_tokens for step in steps)  # it still moves, in rows to spare
+    assert 0 < run(scheduler).spare_tokens <= STEP_SHARE  # the small one has gone a moment ago
+    clock.now += SHARE_LINGER_S
+    assert run(scheduler).spare_tokens > 300  # idle a while: the step is the spare work's
+
+
 def test_a_big_request_keeps_its_share_a_moment_after_a_small_one_left_but_a_newcomer_does_not():
     """Between a small client's requests (its answer, its next request: tens of ms) the big request
     alone would start a full step the next one waits for; for SHARE_LINGER_S it keeps its share."""

@@ -262,8 +262,9 @@ class Scheduler:
         (what that request's live work left of it). Work nobody waits for (a question's work
         in its grace after a deadline) runs only in a step with no live work, in the blocks that
         are free: beside a live request's decode it would make each of that request's steps as
-        long as a full prompt chunk; within SHARE_LINGER_S of live work, in a step of STEP_SHARE
-        (the next request of a client between two would wait for a full one)."""
+        long as a full prompt chunk. Within SHARE_LINGER_S of live work, a step with none (spare
+        or background work) holds STEP_SHARE (the next request of a client between two would
+        wait for a full one)."""
         plan: dict[int, Chunk] = {}
         budget = float(self.max_batch_tokens)
         now = self.clock()
@@ -272,12 +273,12 @@ class Scheduler:
         budget = self._plan_prefills(plan, budget, LIVE, cap, used)
         if plan:
             self.live_until = now + SHARE_LINGER_S
+        elif now < self.live_until:  # a client may be between two requests: keep it short
+            budget = min(budget, STEP_SHARE)
         if len(plan) < SPARE_ROWS:
             budget = self._plan_decodes(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
             budget = self._plan_prefills(plan, budget, SPARE, cap, used, rows=SPARE_ROWS)
         if not plan:
-            if now < self.live_until:  # a client may be between two requests: keep it short
-                budget = min(budget, STEP_SHARE)
             budget = self._plan_decodes(plan, budget, BACKGROUND, None, used)
             self._plan_prefills(plan, budget, BACKGROUND, None, used)
         return [c for c in plan.values() if c.tokens]
@@ -288,7 +289,8 @@ class Scheduler:
         least STEP_SHARE. A step costs about a weights pass plus its tokens, so a one-item request
         beside a big one keeps steps near its own size: its latency is a few steps of its own, not
         a few of the big one's (which would fill every step it shares). With one request: None,
-        unless it shared a step less than SHARE_LINGER_S ago (then the share it had then)."""
+        unless another request has spare work (then that one is bounded by it), or it shared a
+        step less than SHARE_LINGER_S ago (then the share it had then)."""
         need: dict[Any, float] = {}
         for seq in self.running:
             if _live(seq) and seq.status is Status.RUNNING and seq.uncomputed == 1:
@@ -305,6 +307,13 @@ class Scheduler:
             cap = max(STEP_SHARE, min(need.values()))
             self.shared = (now + SHARE_LINGER_S, cap, frozenset(need))
             return cap
+        # A request whose only work is spare (its first candidate read, the others run in case)
+        # shares the step too: unbounded, its prompt chunks would fill the live request's steps.
+        pending = [s for s in self.running if s.status is Status.RUNNING] + [
+            s for q in self.waiting.values() for s in q
+        ]
+        if need and any(_priority(s) == SPARE and _tag(s) not in need for s in pending):
+            return max(STEP_SHARE, min(need.values()))
         until, cap, requests = self.shared
         return cap if need and now < until and set(need) <= requests else None
 
