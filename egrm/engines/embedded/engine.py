@@ -38,6 +38,7 @@ from egrm.engines.chat import chat_ids
 from egrm.engines.embedded.core import EngineCore
 from egrm.engines.embedded.kv_cache import BLOCK_SIZE
 from egrm.engines.embedded.loader import LoadedModel, load_model
+from egrm.engines.embedded.memory import retain_freed_memory
 from egrm.engines.embedded.model_runner import Layout, LeanRunner
 from egrm.engines.embedded.sequence import Handle, Job
 from egrm.engines.embedded.sequence import Sequence as Seq
@@ -98,6 +99,7 @@ class EmbeddedEngine:
         self._submitted = self._taken = 0
         self._submitting = threading.Lock()  # callers on several threads put work in
         self._core: EngineCore | None = None
+        retain_freed_memory()  # before the model thread's first allocation (its arena): see memory.py
         self._thread = threading.Thread(target=self._loop, name="egrm-engine", daemon=True)
         self._thread.start()
 
