@@ -152,8 +152,9 @@ def test_a_long_prompt_is_computed_in_chunks_beside_the_decodes_of_others(loaded
 
 def test_a_short_decode_is_not_padded_to_the_keys_of_a_long_one_beside_it(plain):
     """Decode rows go to attention together, padded to a common shape: grouped by their key blocks
-    too, a short question's row reads its own few blocks, not a ~900-token prompt's."""
-    short, long = plain.encode_chat([{"role": "user", "content": QUESTIONS[0]}]), plain.encode(LONG)
+    too, a short question's row reads its own few blocks, not a ~180-token prompt's."""
+    short = plain.encode_chat([{"role": "user", "content": QUESTIONS[0]}])
+    long = plain.encode("Tell me about the history of the town. " * 20)
     alone = [tokens(asyncio.run(plain.sample(p, [GREEDY]))) for p in (short, long)]
     runner = plain.core.runner
     inputs = runner.inputs
