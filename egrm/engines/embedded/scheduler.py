@@ -292,27 +292,29 @@ class Scheduler:
         unless another request has spare work (then that one is bounded by it), or it shared a
         step less than SHARE_LINGER_S ago (then the share it had then)."""
         need: dict[Any, float] = {}
+        spare: set[Any] = set()  # the requests with spare work to do
         for seq in self.running:
             if _live(seq) and seq.status is Status.RUNNING and seq.uncomputed == 1:
                 need[_tag(seq)] = need.get(_tag(seq), 0.0) + _cost(seq, 1)
             elif _live(seq) and seq.uncomputed > 1:
                 n = min(seq.uncomputed, MIN_CHUNK)
                 need[_tag(seq)] = need.get(_tag(seq), 0.0) + n * _cost(seq, n)
+            elif _priority(seq) == SPARE and seq.status is Status.RUNNING:
+                spare.add(_tag(seq))
         for tag, queue in self.waiting.items():
             first = next((s for s in queue if _live(s)), None)
             if first is not None and tag not in need:
                 n = min(first.uncomputed, MIN_CHUNK)
                 need[tag] = n * _cost(first, n)
+            if any(_priority(s) == SPARE for s in queue):
+                spare.add(tag)
         if len(need) > 1:
             cap = max(STEP_SHARE, min(need.values()))
             self.shared = (now + SHARE_LINGER_S, cap, frozenset(need))
             return cap
         # A request whose only work is spare (its first candidate read, the others run in case)
         # shares the step too: unbounded, its prompt chunks would fill the live request's steps.
-        pending = [s for s in self.running if s.status is Status.RUNNING] + [
-            s for q in self.waiting.values() for s in q
-        ]
-        if need and any(_priority(s) == SPARE and _tag(s) not in need for s in pending):
+        if need and spare.difference(need):
             return max(STEP_SHARE, min(need.values()))
         until, cap, requests = self.shared
         return cap if need and now < until and set(need) <= requests else None
