@@ -7,6 +7,9 @@ from egrm.engines.embedded.scheduler import SHARE_LINGER_S, SPARE_ROWS, STEP_SHA
 from egrm.engines.embedded.sequence import Job, Status
 
 ONE = [BranchParams(temperature=0, max_new_tokens=64)]
+# Another request's share of a step beside the tests' small 40-token request: STEP_SHARE budget
+# units, or what the small one needs that step (its prompt: 41 units), whichever is more.
+SMALL_SHARE = max(STEP_SHARE, 41.0)
 
 
 def job(tokens: int, tag: object, branches: int = 1, params: list[BranchParams] = ONE) -> Job:
@@ -216,12 +219,10 @@ def test_beside_a_small_request_a_big_one_takes_at_most_the_step_share():
     while small in scheduler.jobs:
         steps.append(run(scheduler))
     # Each step the small request takes part in: its own work, and of the big one's (a few of its
-    # prompt tokens) at most the share, STEP_SHARE budget units or what the small one needs that
-    # step (its 40-token prompt: 41 units), not the rest of the 512.
-    share = max(STEP_SHARE, 41.0)
+    # prompt tokens) at most the share, not the rest of the 512.
     for step in steps:
         big_tokens = sum(c.tokens for c in step.chunks if c.seq.job.tag == "big")
-        assert 0 < big_tokens <= share, [(c.seq.job.tag, c.tokens) for c in step.chunks]
+        assert 0 < big_tokens <= SMALL_SHARE, [(c.seq.job.tag, c.tokens) for c in step.chunks]
     assert len(steps) <= 10  # its prompt in a step, then its decodes: it is not queued behind the big one
 
 
@@ -265,8 +266,7 @@ def test_spare_work_of_a_request_with_no_live_work_takes_at_most_the_share_and_s
     while small in scheduler.jobs:
         steps.append(run(scheduler))
         clock.now += 0.03
-    share = max(STEP_SHARE, 41.0)  # as beside a live big request (its 40-token prompt: 41 units)
-    assert all(step.spare_tokens <= share for step in steps), [step.spare_tokens for step in steps]
+    assert all(step.spare_tokens <= SMALL_SHARE for step in steps), [step.spare_tokens for step in steps]
     assert any(step.spare_tokens for step in steps)  # it still moves, in rows to spare
     assert 0 < run(scheduler).spare_tokens <= STEP_SHARE  # the small one has gone a moment ago
     clock.now += SHARE_LINGER_S
