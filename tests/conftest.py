@@ -64,9 +64,26 @@ def loaded_fp32(model_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def engine(loaded_fp32: LoadedModel) -> Iterator[EmbeddedEngine]:
-    """The serving default: lean forward, branches in one sequence."""
-    yield from _engine(loaded_fp32)
+def loaded_served(model_path: Path) -> LoadedModel:
+    """The dtype `egrm serve` loads (auto: bfloat16 where the CPU computes it natively, float32
+    elsewhere): what the service, its pipeline and its evaluations are tested on."""
+    return load_model(model_path, dtype=Settings().dtype)
+
+
+@pytest.fixture(scope="session")
+def engine(loaded_served: LoadedModel) -> Iterator[EmbeddedEngine]:
+    """The serving default: lean forward, branches in one sequence, the served dtype (the engine's
+    own tests, which compare tokens across batch shapes and with other engines, override it with
+    float32 in tests/engines/conftest.py)."""
+    yield from embedded_engine(loaded_served)
+
+
+@pytest.fixture(scope="session")
+def exact_engine(loaded_fp32: LoadedModel) -> Iterator[EmbeddedEngine]:
+    """The serving default's forward and layout in float32, for tests that compare two ways of
+    computing one thing (batch shapes, sharing on and off, a replica's restored work, another
+    engine): in bfloat16 the arithmetic, and so a sampled token, depends on the batch's shape."""
+    yield from embedded_engine(loaded_fp32)
 
 
 # Every engine variant: the two layouts of the lean forward, and the generic transformers path.
@@ -75,10 +92,11 @@ VARIANTS = {"sequence": {"layout": "sequence"}, "batch": {"layout": "batch"}, "g
 
 @pytest.fixture(scope="session", params=list(VARIANTS))
 def any_engine(request: pytest.FixtureRequest, loaded_fp32: LoadedModel) -> Iterator[EmbeddedEngine]:
-    yield from _engine(loaded_fp32, **VARIANTS[request.param])
+    yield from embedded_engine(loaded_fp32, **VARIANTS[request.param])
 
 
-def _engine(loaded: LoadedModel, **kwargs) -> Iterator[EmbeddedEngine]:
+def embedded_engine(loaded: LoadedModel, **kwargs) -> Iterator[EmbeddedEngine]:
+    """An engine on `loaded` for a fixture's lifetime, closed after it."""
     import asyncio
 
     engine = EmbeddedEngine(loaded, **kwargs)

@@ -105,7 +105,7 @@ def test_strict_stops_before_scoring_and_bad_options_are_named(tmp_path, url):
     assert run.returncode == 1 and "duplicate id 'a' (first on line 1)" in run.stderr and len(rows(out)) == 1
 
 
-def test_in_process_scoring_gives_the_servers_rewards(engine):
+def test_in_process_scoring_gives_the_servers_rewards(exact_engine):
     """`egrm score` without --url builds the server's pipeline (egrm.factory: the same scorer, the
     same reading of chat-wrapped items, the same options): the same items and seed, the same rewards."""
     import asyncio
@@ -125,11 +125,11 @@ def test_in_process_scoring_gives_the_servers_rewards(engine):
     options = RewardOptions(seed=5)
 
     async def in_process() -> list[float | None]:
-        async with local_scorer(options, Settings(), engine) as score:
+        async with local_scorer(options, Settings(), exact_engine) as score:
             return [r.reward for r in await score(items)]
 
     local = asyncio.run(in_process())
-    with serve(create_app(Settings(), engine=engine)) as url:
+    with serve(create_app(Settings(), engine=exact_engine)) as url:
         body = {"items": [i.model_dump(exclude_none=True) for i in items], "options": options.model_dump()}
         served = [r["reward"] for r in httpx.post(f"{url}/v1/rewards", json=body, timeout=300).json()["results"]]
     assert local == served and all(r is not None for r in local)

@@ -22,10 +22,10 @@ from egrm.scorer.heuristic import HeuristicScorer
 pytestmark = pytest.mark.slow
 
 
-def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) -> None:
+def test_each_mode_runs_and_routing_follows_consensus(exact_engine: EmbeddedEngine) -> None:
     items = take(builtin_arith("test"), 3)
     config = EvalConfig(long_max_tokens=8, extra=0)  # no adaptive samples: the modes' own tokens
-    outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
+    outcomes = asyncio.run(evaluate(RewardPipeline(exact_engine, HeuristicScorer()), items, config))
     for o in outcomes:
         assert set(o.runs) == {"routed", "short", "long", "early"}
         assert o.runs["short"].route is Route.SHORT and o.runs["long"].route is o.runs["early"].route is Route.LONG
@@ -48,10 +48,10 @@ def test_each_mode_runs_and_routing_follows_consensus(engine: EmbeddedEngine) ->
     assert set(report["consensus_estimators"]) == {"sampled", "exact"}
 
 
-def test_routing_by_the_exact_estimate(engine: EmbeddedEngine) -> None:
+def test_routing_by_the_exact_estimate(exact_engine: EmbeddedEngine) -> None:
     items = take(builtin_arith("test"), 2)
     config = EvalConfig(long_max_tokens=8, consensus="exact", tau=0.5)
-    outcomes = asyncio.run(evaluate(RewardPipeline(engine, HeuristicScorer()), items, config))
+    outcomes = asyncio.run(evaluate(RewardPipeline(exact_engine, HeuristicScorer()), items, config))
     for o in outcomes:
         expected = Route.SHORT if o.estimates["exact"].consensus >= 0.5 else Route.LONG
         assert o.runs["routed"].route is expected and o.consensus == o.estimates["exact"].consensus

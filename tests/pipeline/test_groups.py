@@ -78,10 +78,10 @@ def test_one_query_per_request_arriving_together_shares_the_work_as_one_request_
     assert (stats.misses, stats.entries) == (1, 1) and stats.joins + stats.hits == 15
 
 
-def test_with_a_seed_sharing_on_and_off_give_the_same_rewards(engine, checker):
+def test_with_a_seed_sharing_on_and_off_give_the_same_rewards(exact_engine, checker):
     seeded = options(seed=11, return_samples=True)
-    on = asyncio.run(sharing(engine, checker).score(ITEMS, seeded))
-    off = asyncio.run(RewardPipeline(engine, HeuristicScorer(), checker).score(ITEMS, seeded))
+    on = asyncio.run(sharing(exact_engine, checker).score(ITEMS, seeded))
+    off = asyncio.run(RewardPipeline(exact_engine, HeuristicScorer(), checker).score(ITEMS, seeded))
     assert [r.shared for r in off] == [None] * 8
     assert [(r.route, r.votes) for r in on] == [(r.route, r.votes) for r in off]
     assert [[s.text for s in r.samples] for r in on] == [[s.text for s in r.samples] for r in off]

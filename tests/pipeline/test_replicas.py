@@ -22,14 +22,16 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("path", [PathMode.SHORT, PathMode.LONG])
-def test_a_group_split_between_two_replicas_is_judged_once_with_one_reward_per_answer(engine, checker, path):
+def test_a_group_split_between_two_replicas_is_judged_once_with_one_reward_per_answer(exact_engine, checker, path):
     """One engine stands for both replicas' (same weights); each pipeline has its own window and
     its own Redis client, as two processes would."""
     with redis_server() as (url, _):
 
         async def main():
             a, b = (
-                RewardPipeline(engine, HeuristicScorer(), checker, sharing=SharingLimits(), cluster=ClusterLimits(url))
+                RewardPipeline(
+                    exact_engine, HeuristicScorer(), checker, sharing=SharingLimits(), cluster=ClusterLimits(url)
+                )
                 for _ in range(2)
             )
             opts = options(path=path)  # no seed
@@ -67,19 +69,19 @@ def rewards_equal(rewards: list[float]) -> bool:
     return max(rewards) - min(rewards) <= 1e-4
 
 
-def test_stored_work_comes_back_whole_and_its_branches_continue_from_their_tokens(engine, checker):
+def test_stored_work_comes_back_whole_and_its_branches_continue_from_their_tokens(exact_engine, checker):
     """The wire form keeps every number the judgement reads; restored branches carry their whole
     context (prompt, sample, reasoning cue, reasoning), so a follow-up on them is the follow-up
     the computing replica's engine runs from its cache."""
 
     async def main():
-        pipeline = RewardPipeline(engine, HeuristicScorer(), checker, sharing=SharingLimits())
+        pipeline = RewardPipeline(exact_engine, HeuristicScorer(), checker, sharing=SharingLimits())
         opts = options(path=PathMode.LONG)
         item = ITEMS[6]  # "forty-two": the judge's Yes/No decides
         (prompt_ids,) = await pipeline.encode_prompts([item])
         async with pipeline.question(item, opts, prompt_ids) as (work, _):
             here = await pipeline.judge(work, item, item.response, opts)
-            cue_ids = engine.encode(JUDGE.reasoning_cue)
+            cue_ids = exact_engine.encode(JUDGE.reasoning_cue)
             copy = restored(stored(work), work.key, prompt_ids, cue_ids, Shared.CACHED)
             elsewhere = await pipeline.judge(copy, item, item.response, opts)
         await pipeline.close()
@@ -97,14 +99,14 @@ def test_stored_work_comes_back_whole_and_its_branches_continue_from_their_token
     assert [c.verdict for c in here.candidates] == [c.verdict for c in elsewhere.candidates]
 
 
-def test_a_question_without_a_seed_is_seeded_from_its_key(engine, checker):
+def test_a_question_without_a_seed_is_seeded_from_its_key(exact_engine, checker):
     """Where question work is shared, the same question draws the same samples in any process."""
 
     async def main():
         opts = options(path=PathMode.SHORT)
         texts = []
         for _ in range(2):  # two fresh windows: computed twice, from the same seed
-            pipeline = RewardPipeline(engine, HeuristicScorer(), checker, sharing=SharingLimits())
+            pipeline = RewardPipeline(exact_engine, HeuristicScorer(), checker, sharing=SharingLimits())
             (prompt_ids,) = await pipeline.encode_prompts([ITEMS[0]])
             async with pipeline.question(ITEMS[0], opts, prompt_ids) as (work, _):
                 texts.append([b.text for b in work.branches])

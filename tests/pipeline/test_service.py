@@ -97,8 +97,8 @@ def test_a_checkable_reference_decides_without_the_model(engine, checker):
     assert results[0].judgements[0].by is VerdictBy.REFERENCE and engine.stats().batches == before
 
 
-def test_score_and_pairwise_rest_on_the_same_judgement(engine, checker):
-    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+def test_score_and_pairwise_rest_on_the_same_judgement(exact_engine, checker):
+    pipeline = RewardPipeline(exact_engine, HeuristicScorer(), checker)
     verdict = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT)))
     score = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, template="score")))
     assert score.reward == pytest.approx(verdict.reward) and score.answer == str(1 + int(9 * verdict.reward + 0.5))
@@ -114,8 +114,8 @@ def test_score_and_pairwise_rest_on_the_same_judgement(engine, checker):
     assert {ab.answer, ba.answer} in ({"A", "B"}, {"tie"})
 
 
-def test_exact_consensus_routes_on_the_greedy_answers_probability(engine, checker):
-    pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
+def test_exact_consensus_routes_on_the_greedy_answers_probability(exact_engine, checker):
+    pipeline = RewardPipeline(exact_engine, HeuristicScorer(), checker)
     sampled = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True)))
     exact = asyncio.run(
         pipeline.score_item(ITEM, options(path=PathMode.SHORT, return_samples=True, consensus=ConsensusMode.EXACT))
@@ -205,8 +205,8 @@ def test_adaptive_m_draws_more_samples_from_the_prompt_and_routes_on_them(engine
     assert long.route is Route.LONG and long.samples_drawn == 5 and long.exact is not None  # it read the greedy one
 
 
-def test_early_stop_decides_on_the_first_candidate_when_the_scorer_accepts_it(engine, checker):
-    pipeline = RewardPipeline(engine, load_scorer(None), checker)  # the trained scorer: a probability of right
+def test_early_stop_decides_on_the_first_candidate_when_the_scorer_accepts_it(exact_engine, checker):
+    pipeline = RewardPipeline(exact_engine, load_scorer(None), checker)  # the trained scorer: a probability of right
     full = asyncio.run(pipeline.score_item(ITEM, options(path=PathMode.LONG)))
 
     def reasoned(**kw):
@@ -214,9 +214,9 @@ def test_early_stop_decides_on_the_first_candidate_when_the_scorer_accepts_it(en
 
     # A threshold no score reaches: the window never decides, every candidate is read and scored
     # together, exactly as without early stop (the spares ran meanwhile, then as live work).
-    spare = engine.stats().spare_tokens
+    spare = exact_engine.stats().spare_tokens
     never = reasoned(long_accept=1.0)
-    assert engine.stats().spare_tokens > spare  # alone, they rode beside the window: rows it had to spare
+    assert exact_engine.stats().spare_tokens > spare  # alone, they rode beside the window: rows it had to spare
     assert [(c.reasoning, c.answer) for c in never.candidates] == [(c.reasoning, c.answer) for c in full.candidates]
     assert [c.score for c in never.candidates] == pytest.approx([c.score for c in full.candidates])
     assert never.reward == pytest.approx(full.reward) and never.answer == full.answer
@@ -227,4 +227,4 @@ def test_early_stop_decides_on_the_first_candidate_when_the_scorer_accepts_it(en
     assert [c.reasoning for c in first_two.candidates] == [c.reasoning for c in full.candidates[:2]]
     assert first_two.usage.completion_tokens < full.usage.completion_tokens
     # The spares were dropped: nothing is left running in the engine.
-    assert engine.run_on_model_thread(lambda: len(engine.core.scheduler.jobs)) == 0
+    assert exact_engine.run_on_model_thread(lambda: len(exact_engine.core.scheduler.jobs)) == 0
