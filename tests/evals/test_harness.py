@@ -101,7 +101,7 @@ def test_cli_prints_one_json_line_and_a_plot(tmp_path: Path) -> None:
 
 
 def test_cli_tau_sweep_runs_the_forced_modes_once(tmp_path: Path) -> None:
-    done = _eval("--limit", "2", "--long-max-tokens", "8", "--json", "--sweep", "tau=0.6,1.0")
+    done = _eval("--limit", "1", "--long-max-tokens", "8", "--json", "--sweep", "tau=0.6,1.0")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["sweep"] == "tau" and [r["tau"] for r in report["rows"]] == [0.6, 1.0]
@@ -128,12 +128,12 @@ def test_cli_bad_arguments_exit_2_with_a_message(args: list[str], message: str) 
 
 def test_calibrate_observes_the_judge_and_saves_its_signals(tmp_path) -> None:
     """`egrm calibrate` on a few real items: each observed down the short path with the greedy
-    branch and the extra samples; six items certify nothing, so no policy is written."""
+    branch and the extra samples; three items certify nothing, so no policy is written."""
     from egrm.evals.calibration import Observed, main
 
     saved, out = tmp_path / "signals.jsonl", tmp_path / "policy.json"
-    report = main("builtin:arith-mixed", "calibration", 6, 0.03, 0.9, 5, 0, out, signals_out=saved)
+    report = main("builtin:arith-mixed", "calibration", 3, 0.03, 0.9, 5, 0, out, signals_out=saved)
     observed = [Observed.from_json(line) for line in saved.read_text().splitlines()]
-    assert report["n"] == len(observed) == 6 and report["policy"] is None and not out.exists()
+    assert report["n"] == len(observed) == 3 and report["policy"] is None and not out.exists()
     assert all(o.signals.exact is not None and o.signals.agrees is not None for o in observed)
     assert all(o.signals.consensus_all is not None for o in observed)  # the extra samples were drawn
