@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,10 +86,8 @@ def test_a_key_that_does_not_parse_is_not_echoed():
 
 @pytest.mark.parametrize(("command", "named"), [("serve", "(EGRM_PORT / --port)"), ("scorer", "(--port)")])
 def test_a_port_in_use_is_found_before_the_model_loads(busy_port, command, named):
-    started = time.monotonic()
-    done = egrm(command, "--port", str(busy_port))
+    done = egrm(command, "--port", str(busy_port))  # refused() holds it to no model load (its log line)
     assert refused(done) == [f"egrm: port {busy_port} on 127.0.0.1 is in use {named}"]
-    assert time.monotonic() - started < 10  # a model load alone takes longer
 
 
 @pytest.mark.parametrize("command", [["serve"], ["eval"], ["score", "in.jsonl", "-o", "out.jsonl"]])
