@@ -11,7 +11,7 @@ import pytest
 from egrm.config import Settings
 from egrm.engines.embedded.engine import EmbeddedEngine
 from egrm.engines.embedded.fetch import fetch_model
-from egrm.engines.embedded.loader import LoadedModel, load_model
+from egrm.engines.embedded.loader import LoadedModel, load_model, resolve_dtype
 from egrm.engines.remote.tokenizer import LocalTokenizer, load_tokenizer
 from egrm.factory import judge_model_path
 from egrm.pipeline.verifier import MathVerifyChecker
@@ -64,10 +64,14 @@ def loaded_fp32(model_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def loaded_served(model_path: Path) -> LoadedModel:
+def loaded_served(request: pytest.FixtureRequest, model_path: Path) -> LoadedModel:
     """The dtype `egrm serve` loads (auto: bfloat16 where the CPU computes it natively, float32
-    elsewhere): what the service, its pipeline and its evaluations are tested on."""
-    return load_model(model_path, dtype=Settings().dtype)
+    elsewhere): what the service, its pipeline and its evaluations are tested on. Where that is
+    float32, the float32 model already loaded (one copy, one load)."""
+    dtype = resolve_dtype(Settings().dtype)
+    if dtype == "float32":
+        return request.getfixturevalue("loaded_fp32")
+    return load_model(model_path, dtype=dtype)
 
 
 @pytest.fixture(scope="session")
