@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -133,25 +134,30 @@ class ClusterStore(Generic[V]):
         if self._listener is None:
             self._listener = asyncio.ensure_future(self._listen())
         result, lock = self._names(key)
-        waited, refused, poll, start = False, False, _FIRST_POLL_S, time.monotonic()
+        waited, refused, poll = False, False, _FIRST_POLL_S
+        # The yield runs from the first read that found no result, not from the call: the time a
+        # read takes (new connections, a busy Redis) is not time yielded to the peers.
+        missing_since = math.inf
         while True:
             try:
                 data = cast("bytes | None", await self._call(self._redis.get(result)))
+                if data is None:
+                    missing_since = min(missing_since, time.monotonic())
                 yield_s = min(self._computing * _YIELD_S, _MAX_YIELD_S) if self._peers else 0.0
-                if data is None and time.monotonic() - start >= yield_s:
+                if data is None and time.monotonic() - missing_since >= yield_s:
                     owner = self._redis.lock(lock, timeout=self.limits.lease_s, blocking=False)
-                    self._computing += 1  # counted from the claim: a burst's next claim already yields
+                    # Counted from the claim to the end of its work: a burst's next claim already yields.
+                    self._computing += 1
                     try:
-                        owned = await self._call(owner.acquire())
+                        if await self._call(owner.acquire()):
+                            # Another replica may have stored it between the read and the lock.
+                            data = cast("bytes | None", await self._call(self._redis.get(result)))
+                            if data is None:
+                                self._stats.takeovers += refused
+                                return await self._compute(result, owner, compute), Shared.COMPUTED
+                            self._give_back(owner, result)
                     finally:
                         self._computing -= 1
-                    if owned:
-                        # Another replica may have stored it between the read and the lock.
-                        data = cast("bytes | None", await self._call(self._redis.get(result)))
-                        if data is None:
-                            self._stats.takeovers += refused
-                            return await self._compute(result, owner, compute), Shared.COMPUTED
-                        self._give_back(owner, result)
                     refused = True
             except RedisError as exc:
                 self._down(exc)
@@ -214,7 +220,6 @@ class ClusterStore(Generic[V]):
         """Compute under the lock (renewed while it runs), store the result, give the lock back.
         Work that fails, or is stopped, gives the lock back at once: a waiting replica takes over."""
         self._stats.computed += 1
-        self._computing += 1
         renewing = asyncio.create_task(self._renew(owner))
         try:
             value = await compute()
@@ -222,7 +227,6 @@ class ClusterStore(Generic[V]):
             self._give_back(owner, result)
             raise
         finally:
-            self._computing -= 1
             renewing.cancel()
         try:
             data = self._encode(value)
