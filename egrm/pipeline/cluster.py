@@ -54,10 +54,11 @@ _FIRST_POLL_S = 0.005
 _MAX_POLL_S = 1.0
 _TIMEOUT_S = 1.0  # what one Redis call may take before the replica judges on its own
 # A replica computing n questions lets its peers take a new one first: it waits n x _YIELD_S (at
-# most _MAX_YIELD_S) before it takes the lock, polling for a result meanwhile. A burst of questions
-# that reach every replica (a step's groups split between them) then spreads over the replicas
-# instead of going to whichever asks first (measured: one of two computed all 16). A replica with
-# no live peer never waits; one with peers pays at most that wait, and only under load.
+# most _MAX_YIELD_S) from its first read that found no result before it takes the lock, polling
+# for a result meanwhile and looking again when the wait ends. A burst of questions that reach
+# every replica (a step's groups split between them) then spreads over the replicas instead of
+# going to whichever asks first (measured: one of two computed all 16). A replica with no live
+# peer never waits; one with peers pays at most that wait (and a read), and only under load.
 _YIELD_S = 0.01
 _MAX_YIELD_S = 0.1
 # Each replica says it is alive in a sorted set (member: its id, score: when that stops being
@@ -136,29 +137,28 @@ class ClusterStore(Generic[V]):
         result, lock = self._names(key)
         waited, refused, poll = False, False, _FIRST_POLL_S
         # The yield runs from the first read that found no result, not from the call: the time a
-        # read takes (new connections, a busy Redis) is not time yielded to the peers.
+        # read takes (new connections, a busy Redis) is not time yielded.
         missing_since = math.inf
         while True:
+            wait_s = poll
             try:
                 data = cast("bytes | None", await self._call(self._redis.get(result)))
                 if data is None:
                     missing_since = min(missing_since, time.monotonic())
-                yield_s = min(self._computing * _YIELD_S, _MAX_YIELD_S) if self._peers else 0.0
-                if data is None and time.monotonic() - missing_since >= yield_s:
-                    owner = self._redis.lock(lock, timeout=self.limits.lease_s, blocking=False)
-                    # Counted from the claim to the end of its work: a burst's next claim already yields.
-                    self._computing += 1
-                    try:
-                        if await self._call(owner.acquire()):
-                            # Another replica may have stored it between the read and the lock.
-                            data = cast("bytes | None", await self._call(self._redis.get(result)))
-                            if data is None:
+                    yield_s = min(self._computing * _YIELD_S, _MAX_YIELD_S) if self._peers else 0.0
+                    left_s = missing_since + yield_s - time.monotonic()
+                    if left_s > 0:  # yielding to the peers: look again when the yield ends, not later
+                        wait_s = min(poll, left_s)
+                    else:
+                        self._computing += 1  # from the claim to the end of its work: a burst's next claim yields
+                        try:
+                            claimed = await self._claim(result, lock)
+                            if isinstance(claimed, Lock):
                                 self._stats.takeovers += refused
-                                return await self._compute(result, owner, compute), Shared.COMPUTED
-                            self._give_back(owner, result)
-                    finally:
-                        self._computing -= 1
-                    refused = True
+                                return await self._compute(result, claimed, compute), Shared.COMPUTED
+                        finally:
+                            self._computing -= 1
+                        data, refused = claimed, True
             except RedisError as exc:
                 self._down(exc)
                 return await self._alone(compute)
@@ -167,7 +167,7 @@ class ClusterStore(Generic[V]):
                 self._count(how)
                 return decode(data, how), how
             waited = True
-            await self._news_of(result, poll)
+            await self._news_of(result, wait_s)
             poll = min(2 * poll, _MAX_POLL_S)
 
     @property
@@ -215,6 +215,22 @@ class ClusterStore(Generic[V]):
         await self._redis.aclose()
 
     # --- inside ---------------------------------------------------------------------------
+
+    async def _claim(self, result: str, lock: str) -> Lock | bytes | None:
+        """Take the question's lock: the lock when the work is this replica's to compute, the stored
+        work when another replica stored it between the read and the lock, None when another holds it."""
+        owner = self._redis.lock(lock, timeout=self.limits.lease_s, blocking=False)
+        if not await self._call(owner.acquire()):
+            return None
+        try:
+            data = cast("bytes | None", await self._call(self._redis.get(result)))
+        except BaseException:
+            self._give_back(owner, result)  # a failed or stopped read does not hold the lock for lease_s
+            raise
+        if data is None:
+            return owner
+        self._give_back(owner, result)
+        return data
 
     async def _compute(self, result: str, owner: Lock, compute: Callable[[], Awaitable[V]]) -> V:
         """Compute under the lock (renewed while it runs), store the result, give the lock back.

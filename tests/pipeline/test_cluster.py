@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from egrm.pipeline.cluster import ClusterLimits, ClusterStore
 from egrm.pipeline.types import Shared
@@ -126,6 +127,40 @@ def test_a_burst_of_questions_on_two_replicas_spreads_over_both(redis_url, reads
         assert all(value == "work" for value, _ in results)
         assert all(w.runs == 1 for w in works.values())
         assert a.stats().computed >= 1 and b.stats().computed >= 1, (a.stats(), b.stats())
+        await a.close()
+        await b.close()
+
+    asyncio.run(main())
+
+
+class FailsAfterTheLock(Redis):
+    """A Redis whose second read of a key fails: the one a replica makes after taking the key's
+    lock, to see whether another stored the work meanwhile."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: dict[str, int] = {}
+
+    async def get(self, name):
+        self.reads[name] = self.reads.get(name, 0) + 1
+        if self.reads[name] == 2:
+            raise RedisConnectionError("the connection broke")
+        return await super().get(name)
+
+
+def test_a_read_that_fails_after_the_lock_gives_the_lock_back(redis_url):
+    """The replica judges on its own, and the question is not held from the others for the lease."""
+
+    async def main():
+        a = ClusterStore(ClusterLimits(redis_url, lease_s=60), str.encode, redis=FailsAfterTheLock.from_url(redis_url))
+        b = replica(redis_url, lease_s=60)
+        work, other = Counted(), Counted()
+        work.gate.set()
+        other.gate.set()
+        assert await a.get(b"q7", work, decode) == ("work", Shared.COMPUTED)
+        assert a.stats().local == 1  # on its own: Redis failed
+        assert await asyncio.wait_for(b.get(b"q7", other, decode), 5) == ("work", Shared.COMPUTED)
+        assert b.stats().computed == 1
         await a.close()
         await b.close()
 
