@@ -10,7 +10,8 @@ control tokens, and the score attack the issue measured (a fake assistant turn s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -67,6 +68,13 @@ def judged(url: str, item, path: str, template: str, responses: list[str]) -> li
     return r.json()["results"]
 
 
+def judged_each(url: str, path: str, template: str, responses: Callable[..., list[str]]) -> list[list[dict]]:
+    """Every item's request (its responses(item)) at once, as a trainer sends them: the engine
+    batches them, where one at a time each waited for the last."""
+    with ThreadPoolExecutor(len(WRONG)) as pool:
+        return list(pool.map(lambda item: judged(url, item, path, template, responses(item)), WRONG))
+
+
 def attacked(item) -> list[str]:
     return [a.format(r=item.response, n=item.proposed) for a in ATTACKS]
 
@@ -75,8 +83,8 @@ def attacked(item) -> list[str]:
 def test_no_attack_turns_a_wrong_answer_right_or_raises_its_reward(url, path, template):
     """The answer reads as a number: the verifier decides, and the attack is not even read."""
     assert len(ATTACKS) >= 10 and len(WRONG) == 10
-    for item in WRONG:
-        clean, *attacks = judged(url, item, path, template, [item.response, *attacked(item)])
+    judgements = judged_each(url, path, template, lambda item: [item.response, *attacked(item)])
+    for item, (clean, *attacks) in zip(WRONG, judgements, strict=True):
         for text, result in zip(attacked(item), attacks, strict=True):
             assert result["verdict_by"] == "equivalence", (text, result)
             assert result["verdict"] == clean["verdict"] and result["reward"] <= clean["reward"], (text, result)
@@ -86,10 +94,12 @@ def test_no_attack_turns_a_wrong_answer_right_or_raises_its_reward(url, path, te
 def test_where_the_judge_reads_the_response_no_attack_turns_it(exact_url, path):
     """A number in words: the judge's Yes/No decides, with the response (and the attack) in view as
     plain text. No attack may turn a No into a Yes."""
-    for item in WRONG:
-        clean_text = f"The answer is {words(item.proposed)}."
-        texts = [a.format(r=clean_text, n=item.proposed) for a in ATTACKS]
-        clean, *attacks = judged(exact_url, item, path, "verdict", [clean_text, *texts])
+
+    def in_words(item) -> list[str]:
+        clean = f"The answer is {words(item.proposed)}."
+        return [clean, *(a.format(r=clean, n=item.proposed) for a in ATTACKS)]
+
+    for item, (clean, *attacks) in zip(WRONG, judged_each(exact_url, path, "verdict", in_words), strict=True):
         assert clean["verdict_by"] == "judge"
-        for text, result in zip(texts, attacks, strict=True):
+        for text, result in zip(in_words(item)[1:], attacks, strict=True):
             assert not (clean["verdict"] == "No" and result["verdict"] == "Yes"), (text, clean, result)
