@@ -24,8 +24,11 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-def replica(url: str, **limits) -> ClusterStore[str]:
-    return ClusterStore(ClusterLimits(url, **limits), encode=str.encode, keep=lambda v: v != "degraded")
+def replica(url: str, client: type[Redis] | None = None, **limits) -> ClusterStore[str]:
+    """One replica's store, on the client it makes itself, or on `client` (a Redis subclass that
+    slows or breaks reads)."""
+    redis = client.from_url(url) if client else None
+    return ClusterStore(ClusterLimits(url, **limits), encode=str.encode, keep=lambda v: v != "degraded", redis=redis)
 
 
 def decode(data: bytes, how: Shared) -> str:
@@ -110,8 +113,8 @@ def test_a_burst_of_questions_on_two_replicas_spreads_over_both(redis_url, reads
     result: a first read slower than all the waits together does not count as waited."""
 
     async def main():
-        client = SlowFirstReads if reads == "slow" else Redis
-        a, b = (ClusterStore(ClusterLimits(redis_url), str.encode, redis=client.from_url(redis_url)) for _ in "ab")
+        client = SlowFirstReads if reads == "slow" else None
+        a, b = replica(redis_url, client), replica(redis_url, client)
         for store in (a, b, a):  # each alive, and each knows the other
             await store.check()
         keys = [f"burst{i}".encode() for i in range(8)]
@@ -152,7 +155,7 @@ def test_a_read_that_fails_after_the_lock_gives_the_lock_back(redis_url):
     """The replica judges on its own, and the question is not held from the others for the lease."""
 
     async def main():
-        a = ClusterStore(ClusterLimits(redis_url, lease_s=60), str.encode, redis=FailsAfterTheLock.from_url(redis_url))
+        a = replica(redis_url, FailsAfterTheLock, lease_s=60)
         b = replica(redis_url, lease_s=60)
         work, other = Counted(), Counted()
         work.gate.set()
