@@ -119,7 +119,7 @@ def test_in_process_scoring_gives_the_servers_rewards(exact_engine):
     items = [
         RewardItem(id="plain", prompt="What is 7 * 8?", response="56"),
         RewardItem(id="wrapped", prompt=chatml, response="The answer is 56.<|im_end|>"),
-        RewardItem(id="words", prompt="What is 23 + 19?", response="forty-two"),
+        RewardItem(id="numeral", prompt="What is 23 + 19?", response="XLII"),  # read by the judge
         RewardItem(id="long", prompt="What is 47 * 6?", response="282"),
     ]
     options = RewardOptions(seed=5)

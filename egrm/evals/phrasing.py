@@ -136,7 +136,9 @@ RESPONSE_FORMS: tuple[ResponseForm, ...] = (
 
 NON_ANSWERS = ("I don't know.", "I can't work that out.", "It depends.", "That is hard to say.", "Sorry, no idea.")
 
-# Forms math-verify cannot read a number from: the judge's Yes/No follow-up decides these.
+# The responses the judge's Yes/No follow-up turn learns from (`egrm train-grm`): no digits in them.
+# The verifier reads the words form as a number (text2num) since the shipped judge learnt it, so
+# served, the follow-up meets it only where no number reads (a lone "one" or "two").
 UNCHECKABLE_FORMS: tuple[ResponseForm, ...] = (
     R("words", lambda a, op, b, v, u: f"The answer is {words(v)}."),
     R("no answer", lambda a, op, b, v, u: random.Random(a * 1000 + b).choice(NON_ANSWERS)),

@@ -2,9 +2,13 @@
 
 math-verify (Hugging Face's verifier; what veRL, TRL and OpenRLHF math rewards use) reads the
 final answer out of text ("The answer is 1,776." -> 1776, "$\\boxed{42}$" -> 42) and compares
-answers as math (1776 = 1,776 = 1776.0; 1/2 = 0.5). An answer it cannot read as math (free text,
-"Paris") is compared as normalised text among the judge's own answers, and a response it cannot
-read is not checkable: the judge's Yes/No follow-up decides it.
+answers as math (1776 = 1,776 = 1776.0; 1/2 = 0.5). A text in which it reads nothing is read
+again with its numbers in words written as digits (text2num: "five hundred and two" -> 502,
+"minus twelve" -> -12), so a number in words is checked as one, and its wording never reaches
+the judge. An answer it cannot read as math (free text, "Paris"; a lone "one" or "two", which
+text2num leaves as words: "one of them") is compared as normalised text among the judge's own
+answers, and a response it cannot read (free text, "XLII") is not checkable: the judge's Yes/No
+follow-up decides it.
 
 An answer counts as math only when it is a value: a number as written (12, -3, 0.75, 1,776,
 3/4, \\frac{3}{4}, 42%), not an expression still to compute. math-verify would evaluate "88-32"
@@ -37,6 +41,13 @@ log = logging.getLogger(__name__)
 # on a text that starts with one: they are read as spaces, so markup cannot hide a wrong answer
 # from the verifier (sending it to the judge's Yes/No instead).
 _TAG = re.compile(r"</?\|?[A-Za-z_][\w.\-]*\|?>")
+
+# A sign in words, once text2num wrote the number as digits ("minus 12"); not after a number,
+# where it is a difference ("88 minus 32" reads as 32, as it does written in digits).
+_SIGN = re.compile(r"(?<!\d)(?<!\d )\b(?:minus|negative) +(?=\d)", re.IGNORECASE)
+# num2words and careful writers put a comma after a scale word ("one thousand, seven hundred"),
+# where text2num would end the number (1000, 776).
+_SCALE_COMMA = re.compile(r"\b(thousand|million|billion),", re.IGNORECASE)
 
 # math-verify's own limits, inside the worker (its signal-based timeouts work in a process's main
 # thread); the pool's deadline catches what they cannot interrupt (a huge integer power in C).
@@ -74,8 +85,15 @@ def _read(text: str) -> tuple[Any, ...]:
     """What math-verify reads in a text, kept: the judge's samples repeat one another ("13+4=17"
     five times), and a question's samples are read again against each response (1 ms a text)."""
     from math_verify import parse
+    from text_to_num import alpha2digit
 
-    return tuple(parse(_TAG.sub(" ", text), parsing_timeout=_PARSE_TIMEOUT_S))
+    plain = _TAG.sub(" ", text)
+    parsed = parse(plain, parsing_timeout=_PARSE_TIMEOUT_S)
+    if not parsed:  # no number in digits: perhaps one in words
+        in_digits = _SIGN.sub("-", alpha2digit(_SCALE_COMMA.sub(r"\1", plain), "en"))
+        if in_digits != plain:
+            parsed = parse(in_digits, parsing_timeout=_PARSE_TIMEOUT_S)
+    return tuple(parsed)
 
 
 def compare_texts(answers: Sequence[str | None], responses: Sequence[str]) -> Comparison:

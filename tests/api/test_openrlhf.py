@@ -67,7 +67,7 @@ def test_labels_reach_the_judge_as_the_reference(url):
     plain = metric(url, series) - before
     # A label that does not read as a number is shown to the judge: a longer prompt.
     before = metric(url, series)
-    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["two and two make four"], "egrm": options}
+    body = {"query": QUERIES[:1], "prompts": PROMPTS[:1], "labels": ["the sum of two pairs"], "egrm": options}
     assert post(url, body).status_code == 200
     assert metric(url, series) - before > plain
     # One that does decides by itself, with no model call, right or wrong.

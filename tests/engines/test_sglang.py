@@ -190,7 +190,7 @@ def test_pipeline_long_path_through_sglang(runtime, tok, checker):
 
 def test_a_response_without_a_number_gets_the_verdict_from_the_runtime(runtime, tok, checker):
     stub, url = runtime
-    item = JudgeItem(prompt="What is 12 + 30?", response="forty-two")
+    item = JudgeItem(prompt="What is 12 + 30?", response="XLII")
     stub.answers = lambda i, params: " Yes" if params.get("regex") else "42"
     result = run(url, tok, lambda e: RewardPipeline(e, HeuristicScorer(), checker).score_item(item, options()))
     assert result.route is Route.SHORT and result.judgements[0].by is VerdictBy.JUDGE and result.answer == "Yes"

@@ -172,7 +172,7 @@ def test_vllm_starts_live_work_before_spare_and_background_work(vllm, tok):
 
 
 def test_the_exact_estimator_and_a_free_text_response(egrm):
-    item = {"prompt": "What is 17 * 3?", "response": "fifty-one"}  # no number: the judge's Yes/No decides
+    item = {"prompt": "What is 17 * 3?", "response": "LI"}  # no number it reads: the judge's Yes/No decides
     r = rewards(egrm, [item], path="short", consensus="exact", seed=2)
     assert r.status_code == 200, r.text
     (result,) = r.json()["results"]

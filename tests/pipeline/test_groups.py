@@ -15,8 +15,8 @@ from egrm.scorer.heuristic import HeuristicScorer
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is 23 + 19?"
-# Right and wrong answers, each written several ways; two free-text ones the verifier cannot read.
-GROUP = ["42", "The answer is 42.", "$\\boxed{42}$", "41", "**41**", "23 + 19 = 42", "forty-two", "forty-two"]
+# Right and wrong answers, each written several ways; two the verifier cannot read (a Roman numeral).
+GROUP = ["42", "The answer is 42.", "$\\boxed{42}$", "41", "**41**", "23 + 19 = 42", "XLII", "XLII"]
 ITEMS = [JudgeItem(prompt=QUESTION, response=r) for r in GROUP]
 
 
@@ -52,12 +52,12 @@ def test_a_group_in_one_request_is_judged_once_with_one_reward_per_answer(engine
     assert len({str(r.votes) for r in results}) == 1
     assert len({str(r.candidates and [(c.reasoning, c.score) for c in r.candidates]) for r in results}) == 1
     by_answer = rewards_by_answer(results)
-    assert set(by_answer) == {"42", "41", "forty-two"}
+    assert set(by_answer) == {"42", "41", "XLII"}
     assert all(len(rewards) == 1 for rewards in by_answer.values()), by_answer  # spread 0.000
     # Only the item that computed the work spent tokens on it; the others only on their follow-ups.
     computed, *shared = results
     assert computed.usage.completion_tokens > 0
-    assert all(r.usage.completion_tokens == 0 for r, text in zip(shared, GROUP[1:], strict=True) if text != "forty-two")
+    assert all(r.usage.completion_tokens == 0 for r, text in zip(shared, GROUP[1:], strict=True) if text != "XLII")
 
 
 def test_one_query_per_request_arriving_together_shares_the_work_as_one_request_does(engine, checker):

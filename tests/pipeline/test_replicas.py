@@ -55,14 +55,14 @@ def test_a_group_split_between_two_replicas_is_judged_once_with_one_reward_per_a
     for response, r in zip(GROUP, results, strict=True):
         (j,) = r.judgements
         by_text.setdefault(j.response_answer or response, []).append(r.reward)
-    assert set(by_text) == {"42", "41", "forty-two"}
+    assert set(by_text) == {"42", "41", "XLII"}
     for answer, rewards in by_text.items():
-        if answer != "forty-two":
+        if answer != "XLII":
             assert len(set(rewards)) == 1, by_text  # read off the one stored work: equal to the last bit
-    # "forty-two" went to both replicas (items 6 and 7): the judge's Yes/No decided it, on one of
+    # "XLII" went to both replicas (items 6 and 7): the judge's Yes/No decided it, on one of
     # them by continuing the branches it holds, on the other by prefilling their stored tokens.
     # Different batch shapes: equal to float noise.
-    assert rewards_equal(by_text["forty-two"])
+    assert rewards_equal(by_text["XLII"])
 
 
 def rewards_equal(rewards: list[float]) -> bool:
@@ -77,7 +77,7 @@ def test_stored_work_comes_back_whole_and_its_branches_continue_from_their_token
     async def main():
         pipeline = RewardPipeline(exact_engine, HeuristicScorer(), checker, sharing=SharingLimits())
         opts = options(path=PathMode.LONG)
-        item = ITEMS[6]  # "forty-two": the judge's Yes/No decides
+        item = ITEMS[6]  # "XLII": the judge's Yes/No decides
         (prompt_ids,) = await pipeline.encode_prompts([item])
         async with pipeline.question(item, opts, prompt_ids) as (work, _):
             here = await pipeline.judge(work, item, item.response, opts)

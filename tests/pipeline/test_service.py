@@ -75,7 +75,7 @@ def test_solve_first_votes_on_own_answers_then_compares_the_response(engine, che
 
 def test_a_response_without_a_readable_answer_gets_the_judges_yes_no(engine, checker):
     pipeline = RewardPipeline(engine, HeuristicScorer(), checker)
-    item = JudgeItem(prompt="What is 12 + 30?", response="forty-two")
+    item = JudgeItem(prompt="What is 12 + 30?", response="XLII")
     short = asyncio.run(pipeline.score_item(item, options(path=PathMode.SHORT)))
     (j,) = short.judgements
     assert j.by is VerdictBy.JUDGE and j.response_answer is None and 0.0 <= short.reward <= 1.0

@@ -35,11 +35,39 @@ def test_a_near_miss_matches_nothing_however_it_is_written(response):
 
 
 def test_equivalent_judge_answers_form_one_class():
-    c = compare_texts(["42", " 42.", "42.0", "41", None, "", "Paris", "paris."], ["forty-two"])
+    c = compare_texts(["42", " 42.", "42.0", "41", None, "", "Paris", "paris."], ["the meaning of life"])
     assert c.answer_keys == ["42", "42", "42", "41", None, None, "paris", "paris"]
     assert c.math_keys == {"42", "41"}
     # A response with no number in it is not checkable: the judge's follow-up decides it.
     assert c.response_answers == [None] and not c.checkable("42", 0)
+
+
+@pytest.mark.parametrize(
+    ("response", "read"),
+    [
+        ("one thousand seven hundred and seventy-six", "1776"),
+        ("The answer is one thousand seven hundred seventy-six.", "1776"),
+        ("<b>One thousand, seven hundred and seventy-six</b>", "1776"),
+        ("one thousand seven hundred and sixty-seven", "1767"),  # a near miss in words is read, and misses
+        ("five hundred and two", "502"),
+        ("nine hundred and ninety-nine thousand, nine hundred and ninety-nine", "999999"),  # num2words' form
+        ("eighty-eight", "88"),
+        ("minus twelve", "-12"),
+        ("It is negative five.", "-5"),
+        ("eighty-eight minus thirty-two", "32"),  # a difference, read as its digits would be ("88 minus 32")
+        ("It is three.", "3"),
+    ],
+)
+def test_a_number_in_words_is_read_as_the_number(response, read):
+    c = compare_texts(["1776"], [response])
+    assert c.response_answers == [read] and c.checkable("1776", 0)
+    assert c.response_keys == (["1776"] if read == "1776" else [None])
+
+
+@pytest.mark.parametrize("response", ["one of them", "two", "I am not sure", "Paris", "one half"])
+def test_words_that_are_not_a_number_stay_unreadable(response):
+    # text2num leaves a lone zero, one or two as words ("one of them" is not an answer of 1).
+    assert compare_texts(["1"], [response]).response_answers == [None]
 
 
 def test_fractions_and_decimals_are_the_same_number():
