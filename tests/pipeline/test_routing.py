@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import asdict
 
 import pytest
@@ -77,6 +78,29 @@ def test_calibration_chooses_the_widest_policy_under_the_bound(tmp_path):
     report = main("d", "train", None, 0.03, 0.9, 5, 0, tmp_path / "p.json", signals_in=tmp_path / "signals.jsonl")
     assert RoutingPolicy.load(tmp_path / "p.json").key == choice.policy.key
     assert report["short"] == 300 and report["short_path_errors"] == 0
+
+
+def test_a_slip_that_stops_the_sequence_leaves_bonferroni_to_certify_a_safer_policy():
+    # 500 unanimous items, all right; 120 split votes (0.8), right on the first half of the split
+    # (which orders the sequence: they make the boldest candidate look as safe as the others) and
+    # one in four wrong on the second half, which stops the sequence at its first candidate.
+    def second_half(i: int) -> bool:
+        return zlib.crc32(str(i).encode()) % 2 == 1
+
+    outcomes = [outcome(i, 1.0, 0.9, True) for i in range(500)]
+    split = range(500, 620)
+    outcomes += [outcome(i, 0.8, 0.9, not (second_half(i) and i % 4 == 0)) for i in split]
+    items = [Observed.of(o) for o in outcomes]
+    assert 8 <= sum(not o.right for o in items) <= 25
+    choice = choose(items, error=0.03, confidence=0.9, extra=0)
+    assert choice.failed is not None and choice.failed.policy.min_consensus < 1.0 and choice.failed.errors > 0
+    assert choice.policy is not None and choice.policy.min_consensus == 1.0
+    assert choice.by[choice.policy.key] == "Bonferroni" and set(choice.by.values()) == {"Bonferroni"}
+    assert all(t.short == 500 and t.errors == 0 for t in choice.passed)
+    # Without the split votes' slips the sequence certifies them too, and the bolder policy is chosen.
+    clean = [Observed.of(outcome(i, 0.8, 0.9, True)) for i in split]
+    bold = choose(items[:500] + clean, error=0.03, confidence=0.9, extra=0)
+    assert bold.policy is not None and bold.policy.min_consensus < 1.0 and bold.by[bold.policy.key] == "both"
 
 
 def test_the_frontier_replays_each_policy_from_the_forced_runs():
