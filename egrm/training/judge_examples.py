@@ -10,8 +10,9 @@ answer and after the reasoning is EOS, while the next input is what the pipeline
 Two shapes, drawn per item: short (own answer, follow-up, verdict: it compares the response
 with the own answer) and long (own answer, reasoning; sometimes then the follow-up and the
 verdict, which compares with the reasoning's result). The verifier decides wherever it can read
-the response's number, so the follow-up is trained mostly on responses it cannot read: numbers
-in words and non-answers (always "No"). Some own answers are wrong on purpose and not learnt
+the response's number, so the follow-up is trained mostly on responses without digits: numbers
+in words (which the verifier now reads too; the shipped judge learnt them) and non-answers
+(always "No"). Some own answers are wrong on purpose and not learnt
 (labels masked): on the long path every sample is continued, also the ones that computed
 wrongly, and the reasoning must compute afresh; on the short path the verdict must follow the
 answer it was given.
@@ -108,8 +109,9 @@ def wrong_answer(value: int, rng: random.Random) -> int:
 
 def followup_response(item: LabelledItem, rng: random.Random, mix: Mix) -> tuple[str, int | None]:
     """The response a follow-up turn shows, and the number it gives (None: no answer). The verifier
-    decides wherever it reads a number, so the follow-up mostly meets the rest: numbers in words,
-    and no answer at all; some of them wrapped in text that asks for a Yes."""
+    decides wherever it reads a number, so the follow-up is trained on responses without digits:
+    numbers in words (served, the verifier reads these too) and no answer at all; some of them
+    wrapped in text that asks for a Yes."""
     question, proposed = question_of(item), proposed_of(item)
     text: str
     given: int | None = proposed

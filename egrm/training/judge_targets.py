@@ -11,7 +11,7 @@ The reasoning breaks the computation into steps this model can do: single-digit 
 two-digit number times one digit, adding a round number, carries and borrows through the ten.
 Digits are written without spaces (every digit is one token either way; a space costs one
 more). The verifier compares the result with the response's answer; where it cannot read the
-response (a number in words, no answer), the Yes/No follow-up turn does.
+response (no answer, free text, a numeral it cannot read), the Yes/No follow-up turn does.
 """
 
 from __future__ import annotations
